@@ -1,0 +1,85 @@
+# Newcomer entry points: `make demo` trains Pendulum-v1 through ROS 2 topics, `make test`
+# runs the tests. Both set up .venv first (once; again only when a requirements file or
+# the package metadata changes).
+
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+# ros-rclpy wheels exist for CPython 3.11 and 3.12 only: prefer those when present.
+PYTHON ?= $(firstword $(shell for p in python3.11 python3.12 python3; do command -v $$p; done))
+PIP_VERSION := 26.3
+SETUP_STAMP := $(VENV)/.unilab-setup-stamp
+BENCH_STAMP := $(VENV)/.unilab-bench-stamp
+
+# `pip install torch` on Linux fetches the CUDA build from PyPI; a CPU-only machine can
+# pass TORCH_PIP_ARGS='--extra-index-url https://download.pytorch.org/whl/cpu'.
+TORCH_PIP_ARGS ?=
+
+# Learning tests run a bounded version under CI (any CI value but empty, 0 or false);
+# `make test UNILAB_CI=1` asks for it locally, `UNILAB_CI=0` for the full runs.
+ifneq ($(filter-out 0 false,$(CI)),)
+UNILAB_CI ?= 1
+endif
+
+.PHONY: setup openblas test demo bench lint clean distclean
+
+setup: $(SETUP_STAMP)
+
+# pip's PEP 660 editable install ignores setup.cfg's [develop]/[install] script dirs
+# (those steer colcon's `setup.py develop/install` into lib/unilab_ros), so the console
+# scripts land in .venv/bin. COLCON_IGNORE keeps a workspace crawl out of the venv.
+$(SETUP_STAMP): requirements.txt requirements-dev.txt setup.py setup.cfg package.xml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV) || { \
+	  echo 'Could not create $(VENV): install python3-venv (Debian/Ubuntu).'; exit 1; }
+	$(PIP) install --upgrade pip==$(PIP_VERSION)
+	$(PIP) install -r requirements-dev.txt
+	$(PIP) install --no-deps -e .
+	@$(MAKE) --no-print-directory openblas
+	touch $(VENV)/COLCON_IGNORE
+	touch $@
+
+# The mlx[cpu] wheel links a reference BLAS; the package loads Debian's OpenBLAS ahead of
+# mlx when present (~35x faster matmuls).
+openblas:
+	@if [ "$$(uname -s)" != Linux ]; then exit 0; fi; \
+	if dpkg-query -W -f='$${Status}' libopenblas0-pthread 2>/dev/null \
+	    | grep -q 'ok installed'; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+	    libopenblas0-pthread; \
+	else \
+	  echo 'note: libopenblas0-pthread is not installed; MLX falls back to its reference'; \
+	  echo '      BLAS (slow matmuls). Install it with: sudo apt-get install libopenblas0-pthread'; \
+	fi
+
+test: setup
+	$(if $(UNILAB_CI),UNILAB_CI=$(UNILAB_CI)) $(PY) -m pytest -q $(PYTEST_ARGS)
+
+demo: setup
+	$(VENV)/bin/sim_train $(DEMO_ARGS)
+
+# Bench-only dependencies: PyTorch and rsl_rl as the reference implementation. rsl-rl-lib
+# goes in without its dependencies (GitPython, onnx, onnxscript serve logging and export,
+# which the benchmarks do not touch).
+bench: setup $(BENCH_STAMP)
+	$(PY) bench/ppo_update.py
+	$(PY) bench/act_latency.py
+
+# torch 2.13 needs setuptools>=77.0.3 and colcon-core 0.21 needs <80: pin one that fits
+# both, or pip would upgrade setuptools past what colcon supports.
+$(BENCH_STAMP): $(SETUP_STAMP)
+	$(PIP) install $(TORCH_PIP_ARGS) torch==2.13.0 setuptools==79.0.1
+	$(PIP) install tensordict==0.15.3 tensorboard==2.21.0
+	$(PIP) install --no-deps rsl-rl-lib==5.5.1
+	touch $@
+
+lint: setup
+	$(PY) -m ruff check .
+
+clean:
+	rm -rf build install log .pytest_cache .ruff_cache *.egg-info
+	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -exec rm -rf {} +
+
+distclean: clean
+	rm -rf $(VENV)

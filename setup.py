@@ -1,0 +1,33 @@
+from glob import glob
+
+from setuptools import find_packages, setup
+
+package_name = 'unilab_ros'
+
+setup(
+    name=package_name,
+    version='0.1.0',
+    packages=find_packages(exclude=['test', 'test.*']),
+    data_files=[
+        ('share/ament_index/resource_index/packages', ['resource/' + package_name]),
+        ('share/' + package_name, ['package.xml']),
+        ('share/' + package_name + '/launch', glob('launch/*.launch.py')),
+        ('share/' + package_name + '/config', glob('config/*.yaml')),
+    ],
+    install_requires=['setuptools'],
+    zip_safe=True,
+    maintainer='unilab maintainers',
+    maintainer_email='maintainers@unilab.invalid',
+    description='MLX PPO trainer for robots driven over ROS 2 topics',
+    license='Apache-2.0',
+    python_requires='>=3.10',
+    entry_points={
+        'console_scripts': [
+            'trainer_node = unilab_ros.trainer_node:main',
+            'policy_node = unilab_ros.policy_node:main',
+            'gym_env_node = unilab_ros.gym_env_node:main',
+            'sim_train = unilab_ros.sim_train:main',
+            'pendulum_demo = unilab_ros.rl.demo:main',
+        ],
+    },
+)

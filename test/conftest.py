@@ -1,0 +1,19 @@
+"""Give every pytest process its own ROS 2 graph, so parallel runs do not cross-talk.
+
+This runs at import time, before any test module imports rclpy: the middleware reads
+the variables when the first context is created. A caller's own settings win.
+"""
+
+import os
+
+import pytest
+
+os.environ.setdefault('ROS_AUTOMATIC_DISCOVERY_RANGE', 'LOCALHOST')
+# Linux allows domain ids 0..101 (UDP port arithmetic); 0 is everyone's default.
+os.environ.setdefault('ROS_DOMAIN_ID', str(1 + os.getpid() % 100))
+
+
+@pytest.fixture
+def ros_domain_env():
+    """A copy of the environment that puts a subprocess on this process's ROS 2 graph."""
+    return dict(os.environ)

@@ -1,0 +1,21 @@
+"""ROS-free MLX core of unilab_ros: actor-critic, rollout buffer, PPO, checkpoints.
+
+The optimized BLAS must be in the process before mlx is first imported, so this
+package loads it before importing any of its MLX modules.
+"""
+
+from unilab_ros.rl.blas import load_optimized_blas
+
+load_optimized_blas()
+
+from unilab_ros.rl.buffer import RolloutBuffer  # noqa: E402
+from unilab_ros.rl.model import MLPActorCritic, ModelConfig  # noqa: E402
+from unilab_ros.rl.ppo import PPOConfig, PPOTrainer  # noqa: E402
+
+__all__ = [
+    "MLPActorCritic",
+    "ModelConfig",
+    "PPOConfig",
+    "PPOTrainer",
+    "RolloutBuffer",
+]

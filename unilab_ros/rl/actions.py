@@ -1,0 +1,50 @@
+"""Mapping policy outputs to the actions a robot receives: scale, then clip."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class ActionConfig:
+    """Limits applied to every published action (the policy learns unclipped)."""
+
+    action_scale: list[float] = field(default_factory=lambda: [1.0])
+    """Multiplies the policy output; one value for all dims or one per dim."""
+    action_low: list[float] = field(default_factory=lambda: [-1.0])
+    """Lower clip after scaling; one value or one per dim."""
+    action_high: list[float] = field(default_factory=lambda: [1.0])
+    """Upper clip after scaling; one value or one per dim."""
+    safe_action: list[float] = field(default_factory=lambda: [0.0])
+    """Sent during updates and by the watchdog; one value or one per dim."""
+
+
+class ActionMapper:
+    """Turns policy outputs (num_envs, action_dim) into clipped commands."""
+
+    def __init__(self, cfg: ActionConfig, num_envs: int, action_dim: int) -> None:
+        self.scale = _per_dim("action_scale", cfg.action_scale, action_dim)
+        self.low = _per_dim("action_low", cfg.action_low, action_dim)
+        self.high = _per_dim("action_high", cfg.action_high, action_dim)
+        if np.any(self.low > self.high):
+            raise ValueError("action_low must not exceed action_high")
+        safe = _per_dim("safe_action", cfg.safe_action, action_dim)
+        if np.any(safe < self.low) or np.any(safe > self.high):
+            raise ValueError("safe_action must lie within action_low..action_high")
+        self.safe = np.tile(safe, (num_envs, 1))
+
+    def __call__(self, policy_actions: np.ndarray) -> np.ndarray:
+        return np.clip(policy_actions * self.scale, self.low, self.high).astype(np.float32)
+
+
+def _per_dim(name: str, values: list[float], action_dim: int) -> np.ndarray:
+    array = np.asarray(values, np.float32).reshape(-1)
+    if array.size == 1:
+        return np.full(action_dim, array[0], np.float32)
+    if array.size != action_dim:
+        raise ValueError(f"{name} needs 1 or action_dim={action_dim} values, got {array.size}")
+    if not np.all(np.isfinite(array)):
+        raise ValueError(f"{name} must be finite")
+    return array

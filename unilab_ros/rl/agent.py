@@ -1,0 +1,122 @@
+"""PPOAgent: acting, storing steps and updating, independent of how steps arrive."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import mlx.core as mx
+import numpy as np
+
+from unilab_ros.rl.buffer import RolloutBuffer
+from unilab_ros.rl.distributions import diag_gaussian_log_prob
+from unilab_ros.rl.model import MLPActorCritic, ModelConfig
+from unilab_ros.rl.ppo import PPOConfig, PPOTrainer
+
+
+@dataclass
+class AgentConfig:
+    """Sizes of the problem and of one rollout."""
+
+    num_envs: int = 1
+    """Environments stepped together (rows of every message)."""
+    obs_dim: int = 3
+    """Observation size per env."""
+    action_dim: int = 1
+    """Action size per env."""
+    num_steps: int = 24
+    """Rollout length per env between updates."""
+    seed: int = 0
+    """Seeds weights, action noise and mini-batch shuffles."""
+    reward_scale: float = 1.0
+    """Rewards are multiplied by this before they are stored (the logged returns are not)."""
+
+    def validate(self) -> None:
+        for name in ("num_envs", "obs_dim", "action_dim", "num_steps"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not np.isfinite(self.reward_scale) or self.reward_scale <= 0.0:
+            raise ValueError("reward_scale must be positive")
+
+
+class PPOAgent:
+    """Owns the model, rollout buffer and PPO trainer of one training session.
+
+    Collection only evaluates the actor's mean and samples noise. When the rollout
+    is full, ``update`` merges the rollout into the observation normalizer, then
+    computes the old log-probs, means and values of all stored steps in one batched
+    pass, so the update starts exactly at ratio 1 under the new normalization.
+    """
+
+    def __init__(
+        self,
+        cfg: AgentConfig,
+        model_cfg: ModelConfig | None = None,
+        ppo_cfg: PPOConfig | None = None,
+    ) -> None:
+        cfg.validate()
+        self.cfg = cfg
+        self.ppo_cfg = ppo_cfg or PPOConfig()
+        self.model_cfg = model_cfg or ModelConfig()
+        mx.random.seed(cfg.seed)
+        self.model = MLPActorCritic(cfg.obs_dim, cfg.action_dim, self.model_cfg)
+        self.trainer = PPOTrainer(self.model, self.ppo_cfg, seed=cfg.seed + 1)
+        self.buffer = RolloutBuffer(
+            cfg.num_steps,
+            cfg.num_envs,
+            cfg.obs_dim,
+            cfg.action_dim,
+            self.ppo_cfg.gamma,
+            self.ppo_cfg.lam,
+        )
+        self.noise_key = mx.random.key(cfg.seed + 2)
+        self.iteration = 0
+        self.env_steps = 0
+        mx.eval(self.model.parameters())
+
+    def act(self, obs: np.ndarray, deterministic: bool = False) -> np.ndarray:
+        """Policy actions (num_envs, action_dim) for raw observations."""
+        mean = self.model.policy(mx.array(obs))
+        if deterministic:
+            return np.array(mean)
+        self.noise_key, key = mx.random.split(self.noise_key)
+        std, _ = self.model.std_and_log_std()
+        return np.array(mean + std * mx.random.normal(mean.shape, key=key))
+
+    def record(
+        self, obs: np.ndarray, actions: np.ndarray, rewards: np.ndarray, dones: np.ndarray
+    ) -> bool:
+        """Store one step of every env; True when the rollout is full."""
+        scaled = np.asarray(rewards, np.float32) * self.cfg.reward_scale
+        self.buffer.add(obs, actions, None, None, None, scaled, dones, None)
+        self.env_steps += self.cfg.num_envs
+        return self.buffer.full
+
+    def cut(self) -> None:
+        """End every env's segment at the last stored step (bootstrapped as a time-out)."""
+        self.buffer.truncate_last()
+
+    @property
+    def rollout_full(self) -> bool:
+        return self.buffer.full
+
+    def update(self, last_obs: np.ndarray) -> dict[str, float]:
+        """Normalizer, GAE and PPO epochs on the full rollout; clears it."""
+        start = time.perf_counter()
+        buffer = self.buffer
+        obs = mx.array(buffer.observations.reshape(-1, self.cfg.obs_dim))
+        if self.model_cfg.normalize_observations:
+            self.model.normalizer.update(obs)
+        mean, std, log_std = self.model.distribution_params(obs)
+        actions = mx.array(buffer.actions.reshape(-1, self.cfg.action_dim))
+        log_probs = diag_gaussian_log_prob(actions, mean, log_std)
+        values = self.model.value(obs)
+        last_values = self.model.value(mx.array(last_obs))
+        mx.eval(mean, std, log_probs, values, last_values)
+        buffer.set_policy_outputs(log_probs, mean, std, values)
+        buffer.compute_returns_and_advantages(np.array(last_values))
+        metrics = self.trainer.update(buffer, self.iteration)
+        buffer.clear()
+        self.iteration += 1
+        metrics["update_time"] = time.perf_counter() - start
+        return metrics

@@ -1,0 +1,64 @@
+"""Load an optimized BLAS into the process before MLX is imported (Linux only).
+
+MLX's Linux CPU wheel links a reference BLAS whose sgemm is 12-35x slower than
+OpenBLAS. MLX resolves ``cblas_sgemm`` through the dynamic linker, so a library
+loaded earlier with RTLD_GLOBAL wins. ``UNILAB_BLAS`` names a library to load
+instead of the search, or ``none`` to keep MLX's own.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+import os
+import sys
+
+_LOG = logging.getLogger(__name__)
+
+_CANDIDATES = (
+    "/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0",
+    "/usr/lib/aarch64-linux-gnu/openblas-pthread/libopenblas.so.0",
+    "/usr/lib/x86_64-linux-gnu/libopenblas.so.0",
+    "/usr/lib/aarch64-linux-gnu/libopenblas.so.0",
+)
+
+loaded_blas: str | None = None
+"""Path of the BLAS loaded for MLX, or None when MLX uses the one it links."""
+
+
+def _try_load(path: str) -> bool:
+    try:
+        lib = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+    except OSError:
+        return False
+    return hasattr(lib, "cblas_sgemm")
+
+
+def load_optimized_blas() -> str | None:
+    """Load the first BLAS exporting ``cblas_sgemm``; return its path or None."""
+    global loaded_blas
+    if loaded_blas is not None or not sys.platform.startswith("linux"):
+        return loaded_blas
+    if "mlx.core" in sys.modules:
+        _LOG.warning("mlx was imported before unilab_ros.rl: its reference BLAS stays in use")
+        return None
+    requested = os.environ.get("UNILAB_BLAS", "")
+    if requested.lower() == "none":
+        return None
+    found = ctypes.util.find_library("openblas")
+    candidates = [requested] if requested else [*_CANDIDATES, *([found] if found else [])]
+    for path in candidates:
+        if _try_load(path):
+            loaded_blas = path
+            return path
+    return None
+
+
+def blas_description() -> str:
+    """One line saying which BLAS MLX's CPU matmuls use, for start-up logs."""
+    if sys.platform == "darwin":
+        return "Accelerate (macOS)"
+    if loaded_blas:
+        return f"OpenBLAS ({loaded_blas})"
+    return "MLX's bundled reference BLAS (slow: install libopenblas0-pthread)"

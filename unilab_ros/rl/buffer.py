@@ -1,0 +1,172 @@
+"""On-policy rollout storage for vectorized environments, preallocated as (T, N, ...)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+
+RUNNING, TERMINATED, TRUNCATED = 0, 1, 2
+"""Done codes: an episode goes on, ended for good (no bootstrap), or was cut (bootstrap)."""
+
+
+def split_sizes(total: int, parts: int) -> list[int]:
+    """``parts`` sizes summing to ``total`` that differ by at most one."""
+    base, extra = divmod(total, parts)
+    return [base + 1] * extra + [base] * (parts - extra)
+
+
+class RolloutBuffer:
+    """Stores one rollout, computes GAE returns, and serves shuffled mini-batches.
+
+    Steps are added one at a time as numpy rows (cheap in a per-step callback).
+    The policy outputs recorded with each step (log-prob, mean, std, value) may
+    instead be filled in for the whole rollout at once with ``set_policy_outputs``.
+    A done code of 2 (time-out) ends the segment for GAE but adds ``gamma * V(s_t)``
+    to the step's reward, as rsl_rl does, so a cut episode is not treated as a failure.
+    """
+
+    def __init__(
+        self,
+        num_steps: int,
+        num_envs: int,
+        obs_dim: int,
+        action_dim: int,
+        gamma: float,
+        lam: float,
+        dtype: Any | None = None,
+    ) -> None:
+        if min(num_steps, num_envs, obs_dim, action_dim) <= 0:
+            raise ValueError("buffer sizes must be positive")
+        self.num_steps = num_steps
+        self.num_envs = num_envs
+        self.obs_dim = obs_dim
+        self.action_dim = action_dim
+        self.gamma = gamma
+        self.lam = lam
+        self.dtype = mx.float32 if dtype is None else dtype
+        shape = (num_steps, num_envs)
+        self.observations = np.zeros((*shape, obs_dim), np.float32)
+        self.actions = np.zeros((*shape, action_dim), np.float32)
+        self.log_probs = np.zeros(shape, np.float32)
+        self.mu = np.zeros((*shape, action_dim), np.float32)
+        self.sigma = np.zeros((*shape, action_dim), np.float32)
+        self.rewards = np.zeros(shape, np.float32)
+        self.dones = np.zeros(shape, np.uint8)
+        self.values = np.zeros(shape, np.float32)
+        self.advantages = np.zeros(shape, np.float32)
+        self.returns = np.zeros(shape, np.float32)
+        self.step = 0
+
+    @property
+    def full(self) -> bool:
+        return self.step >= self.num_steps
+
+    def add(
+        self,
+        obs: Any,
+        actions: Any,
+        log_probs: Any | None,
+        action_mean: Any | None,
+        action_std: Any | None,
+        rewards: Any,
+        dones: Any,
+        values: Any | None,
+    ) -> None:
+        """Append one step of every env. Policy outputs may be None and set later."""
+        if self.step >= self.num_steps:
+            raise OverflowError("Rollout buffer overflow.")
+        t = self.step
+        self.observations[t] = np.asarray(obs).reshape(self.num_envs, self.obs_dim)
+        self.actions[t] = np.asarray(actions).reshape(self.num_envs, self.action_dim)
+        self.rewards[t] = np.asarray(rewards).reshape(self.num_envs)
+        self.dones[t] = np.asarray(dones).reshape(self.num_envs)
+        if log_probs is not None:
+            self.log_probs[t] = np.asarray(log_probs).reshape(self.num_envs)
+        if action_mean is not None:
+            self.mu[t] = np.asarray(action_mean).reshape(self.num_envs, self.action_dim)
+        if action_std is not None:
+            self.sigma[t] = np.broadcast_to(np.asarray(action_std), self.mu[t].shape)
+        if values is not None:
+            self.values[t] = np.asarray(values).reshape(self.num_envs)
+        self.step += 1
+
+    def truncate_last(self, env_mask: np.ndarray | None = None) -> None:
+        """Mark the latest step of the masked envs (all by default) as a time-out.
+
+        Used when the stream of steps is cut (a dropped step, an update pause), so
+        GAE never runs across the gap.
+        """
+        if self.step == 0:
+            return
+        last = self.dones[self.step - 1]
+        cut = np.ones(self.num_envs, bool) if env_mask is None else np.asarray(env_mask, bool)
+        last[cut & (last == RUNNING)] = TRUNCATED
+
+    def set_policy_outputs(
+        self, log_probs: Any, action_mean: Any, action_std: Any, values: Any
+    ) -> None:
+        """Fill the policy outputs of all stored steps at once, each shaped (T, N, ...)."""
+        t = self.step
+        self.log_probs[:t] = np.asarray(log_probs).reshape(t, self.num_envs)
+        self.mu[:t] = np.asarray(action_mean).reshape(t, self.num_envs, self.action_dim)
+        std = np.asarray(action_std)
+        # A state-independent std may come as one row; assignment broadcasts it.
+        self.sigma[:t] = std.reshape(self.mu[:t].shape if std.size > self.action_dim else -1)
+        self.values[:t] = np.asarray(values).reshape(t, self.num_envs)
+
+    def compute_returns_and_advantages(self, last_values: Any) -> None:
+        """GAE(lambda) over the stored steps, then whole-batch advantage normalization."""
+        if self.step != self.num_steps:
+            raise RuntimeError(f"rollout holds {self.step} of {self.num_steps} steps")
+        last_values = np.asarray(last_values, np.float32).reshape(self.num_envs)
+        dones = self.dones.astype(np.float32)
+        rewards = self.rewards + self.gamma * self.values * (self.dones == TRUNCATED)
+        next_non_terminal = 1.0 - np.minimum(dones, 1.0)
+        next_values = np.concatenate([self.values[1:], last_values[None]], axis=0)
+        deltas = rewards + self.gamma * next_values * next_non_terminal - self.values
+        gae = np.zeros(self.num_envs, np.float32)
+        for t in reversed(range(self.num_steps)):
+            gae = deltas[t] + self.gamma * self.lam * next_non_terminal[t] * gae
+            self.advantages[t] = gae
+        self.returns[:] = self.advantages + self.values
+        self.advantages = (self.advantages - self.advantages.mean()) / (
+            self.advantages.std() + 1e-8
+        )
+
+    def mini_batch_generator(
+        self, num_mini_batches: int, num_epochs: int, key: mx.array | None = None
+    ) -> Iterator[dict[str, mx.array]]:
+        """Yield ``num_epochs`` shuffled passes, each split into ``num_mini_batches``.
+
+        Every sample is used exactly once per epoch; mini-batch sizes differ by at
+        most one, so a compiled update step sees at most two shapes. ``key`` makes
+        the shuffles reproducible (one sub-key per epoch); without it MLX's global
+        generator is used.
+        """
+        batch_size = self.num_steps * self.num_envs
+        if not 0 < num_mini_batches <= batch_size:
+            raise ValueError(f"num_mini_batches must be in 1..{batch_size}")
+        flat = {
+            "obs": self.observations.reshape(batch_size, self.obs_dim),
+            "actions": self.actions.reshape(batch_size, self.action_dim),
+            "old_log_probs": self.log_probs.reshape(batch_size),
+            "old_mu": self.mu.reshape(batch_size, self.action_dim),
+            "old_sigma": self.sigma.reshape(batch_size, self.action_dim),
+            "returns": self.returns.reshape(batch_size),
+            "advantages": self.advantages.reshape(batch_size),
+            "old_values": self.values.reshape(batch_size),
+        }
+        data = {key: mx.array(value, dtype=self.dtype) for key, value in flat.items()}
+        bounds = np.cumsum([0, *split_sizes(batch_size, num_mini_batches)])
+        keys = mx.random.split(key, num_epochs) if key is not None else [None] * num_epochs
+        for epoch_key in keys:
+            shuffled = mx.random.permutation(batch_size, key=epoch_key)
+            for start, stop in zip(bounds[:-1], bounds[1:], strict=True):
+                idx = shuffled[int(start) : int(stop)]
+                yield {key: value[idx] for key, value in data.items()}
+
+    def clear(self) -> None:
+        self.step = 0

@@ -1,0 +1,187 @@
+"""Checkpoints: safetensors arrays plus JSON metadata, written atomically, loaded without pickle.
+
+A training checkpoint holds the model (with its observation normalizer), the Adam
+state, the adaptive-schedule state, the random keys, the iteration and env-step
+counts and every config, so resuming continues bit-exactly. A policy export holds
+the model and configs only, for deployment.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import asdict
+from importlib import metadata as importlib_metadata
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+from mlx.utils import tree_flatten, tree_unflatten
+
+from unilab_ros.rl.agent import AgentConfig, PPOAgent
+from unilab_ros.rl.model import MLPActorCritic, ModelConfig
+from unilab_ros.rl.ppo import PPOConfig
+
+FORMAT = "unilab_ros.checkpoint/1"
+SUFFIX = ".safetensors"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file is missing, unreadable, or does not fit the agent."""
+
+
+def _versions() -> dict[str, str]:
+    versions = {}
+    for package in ("unilab_ros", "mlx", "numpy"):
+        try:
+            versions[package] = importlib_metadata.version(package)
+        except importlib_metadata.PackageNotFoundError:
+            versions[package] = "unknown"
+    return versions
+
+
+def _write_atomically(path: Path, arrays: dict[str, mx.array], meta: dict[str, str]) -> Path:
+    """Write to a temporary file in the same folder, fsync, then rename over ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=SUFFIX, dir=path.parent)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        mx.save_safetensors(str(tmp), arrays, metadata=meta)
+        with open(tmp, "rb+") as handle:
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+    return path
+
+
+def _metadata(agent: PPOAgent, kind: str, extra: dict[str, Any] | None) -> dict[str, str]:
+    return {
+        "format": FORMAT,
+        "kind": kind,
+        "agent": json.dumps(asdict(agent.cfg)),
+        "model": json.dumps(asdict(agent.model_cfg)),
+        "ppo": json.dumps(asdict(agent.ppo_cfg)),
+        "iteration": str(agent.iteration),
+        "env_steps": str(agent.env_steps),
+        "versions": json.dumps(_versions()),
+        "extra": json.dumps(extra or {}),
+    }
+
+
+def _prefixed(prefix: str, tree: Any) -> dict[str, mx.array]:
+    return {f"{prefix}/{name}": value for name, value in tree_flatten(tree)}
+
+
+def _with_suffix(path: str | os.PathLike[str]) -> Path:
+    path = Path(path)
+    return path if path.name.endswith(SUFFIX) else path.with_name(path.name + SUFFIX)
+
+
+def save_checkpoint(
+    path: str | os.PathLike[str], agent: PPOAgent, extra: dict[str, Any] | None = None
+) -> Path:
+    """Save everything needed to resume training; returns the file written."""
+    trainer = agent.trainer
+    arrays = {
+        **_prefixed("model", agent.model.parameters()),
+        **_prefixed("optimizer", trainer.optimizer.state),
+        **_prefixed("schedule", trainer.schedule_state),
+        "rng/noise_key": agent.noise_key,
+        "rng/shuffle_key": trainer.shuffle_key,
+    }
+    return _write_atomically(_with_suffix(path), arrays, _metadata(agent, "training", extra))
+
+
+def export_policy(path: str | os.PathLike[str], agent: PPOAgent) -> Path:
+    """Save the model and configs only, for inference."""
+    arrays = _prefixed("model", agent.model.parameters())
+    return _write_atomically(_with_suffix(path), arrays, _metadata(agent, "policy", None))
+
+
+class Checkpoint:
+    """A loaded checkpoint: arrays grouped by prefix and the parsed metadata."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise CheckpointError(f"no checkpoint at {self.path}")
+        try:
+            arrays, meta = mx.load(str(self.path), return_metadata=True)
+        except (RuntimeError, ValueError, OSError) as error:
+            raise CheckpointError(f"cannot read {self.path}: {error}") from error
+        if meta.get("format") != FORMAT:
+            raise CheckpointError(f"{self.path} is not a {FORMAT} file")
+        self.arrays: dict[str, mx.array] = arrays
+        self.kind = meta["kind"]
+        self.agent_cfg = AgentConfig(**json.loads(meta["agent"]))
+        self.model_cfg = ModelConfig(**json.loads(meta["model"]))
+        self.ppo_cfg = PPOConfig(**json.loads(meta["ppo"]))
+        self.iteration = int(meta["iteration"])
+        self.env_steps = int(meta["env_steps"])
+        self.versions: dict[str, str] = json.loads(meta["versions"])
+        self.extra: dict[str, Any] = json.loads(meta["extra"])
+
+    def group(self, prefix: str) -> Any:
+        """The nested tree stored under ``prefix/``."""
+        start = len(prefix) + 1
+        items = [(k[start:], v) for k, v in self.arrays.items() if k.startswith(prefix + "/")]
+        return tree_unflatten(items)
+
+    def load_model_into(self, model: MLPActorCritic) -> None:
+        params = self.group("model")
+        expected = dict(tree_flatten(model.parameters()))
+        found = dict(tree_flatten(params))
+        if expected.keys() != found.keys() or any(
+            expected[k].shape != found[k].shape for k in expected
+        ):
+            raise CheckpointError(
+                f"{self.path} holds a model of another shape than the configured one "
+                f"(obs_dim/action_dim/hidden dims/std type differ)"
+            )
+        model.update(params)
+        mx.eval(model.parameters())
+
+
+def restore_agent(agent: PPOAgent, checkpoint: Checkpoint) -> None:
+    """Continue training from ``checkpoint``: weights, optimizer, schedule, RNG, counters."""
+    if checkpoint.kind != "training":
+        raise CheckpointError(f"{checkpoint.path} is a policy export, not a training checkpoint")
+    checkpoint.load_model_into(agent.model)
+    trainer = agent.trainer
+    optimizer_state = checkpoint.group("optimizer")
+    if sorted(tree_flatten(optimizer_state)) == []:
+        raise CheckpointError(f"{checkpoint.path} holds no optimizer state")
+    trainer.optimizer.state.update(optimizer_state)
+    trainer.schedule_state.update(checkpoint.group("schedule"))
+    agent.noise_key = checkpoint.arrays["rng/noise_key"]
+    trainer.shuffle_key = checkpoint.arrays["rng/shuffle_key"]
+    agent.iteration = checkpoint.iteration
+    agent.env_steps = checkpoint.env_steps
+    mx.eval(trainer.optimizer.state, trainer.schedule_state)
+
+
+def load_policy(path: str | os.PathLike[str]) -> tuple[MLPActorCritic, Checkpoint]:
+    """The model stored in a checkpoint or export, ready for inference."""
+    checkpoint = Checkpoint(path)
+    cfg = checkpoint.agent_cfg
+    model = MLPActorCritic(cfg.obs_dim, cfg.action_dim, checkpoint.model_cfg)
+    checkpoint.load_model_into(model)
+    return model, checkpoint
+
+
+def arrays_equal(a: Any, b: Any) -> bool:
+    """True when two trees hold the same names, shapes, dtypes and bits."""
+    flat_a, flat_b = dict(tree_flatten(a)), dict(tree_flatten(b))
+    return flat_a.keys() == flat_b.keys() and all(
+        flat_a[k].dtype == flat_b[k].dtype and np.array_equal(np.array(flat_a[k]), np.array(flat_b[k]))
+        for k in flat_a
+    )

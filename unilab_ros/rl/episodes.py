@@ -1,0 +1,41 @@
+"""Episode return and length statistics from per-step rewards and done codes."""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+
+
+class EpisodeStats:
+    """Accumulates returns per env; keeps the last ``window`` finished episodes."""
+
+    def __init__(self, num_envs: int, window: int = 100) -> None:
+        self._returns = np.zeros(num_envs, np.float64)
+        self._lengths = np.zeros(num_envs, np.int64)
+        self.finished_returns: deque[float] = deque(maxlen=window)
+        self.finished_lengths: deque[int] = deque(maxlen=window)
+        self.episodes = 0
+
+    def add(self, rewards: np.ndarray, dones: np.ndarray) -> None:
+        self._returns += rewards
+        self._lengths += 1
+        ended = np.flatnonzero(dones)
+        self.finished_returns.extend(self._returns[ended].tolist())
+        self.finished_lengths.extend(self._lengths[ended].tolist())
+        self.episodes += ended.size
+        self._returns[ended] = 0.0
+        self._lengths[ended] = 0
+
+    def cut(self) -> None:
+        """Forget the episodes in progress (the step stream was interrupted)."""
+        self._returns[:] = 0.0
+        self._lengths[:] = 0
+
+    @property
+    def mean_return(self) -> float:
+        return float(np.mean(self.finished_returns)) if self.finished_returns else float("nan")
+
+    @property
+    def mean_length(self) -> float:
+        return float(np.mean(self.finished_lengths)) if self.finished_lengths else float("nan")

@@ -1,0 +1,156 @@
+"""MLPActorCritic: a diagonal-Gaussian policy and a value function as separate MLPs."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from unilab_ros.rl.activations import ACTIVATIONS
+from unilab_ros.rl.distributions import diag_gaussian_log_prob
+from unilab_ros.rl.normalizer import RunningNormalizer
+
+NOISE_STD_TYPES = ("scalar", "log")
+
+
+@dataclass
+class ModelConfig:
+    """Actor-critic architecture."""
+
+    actor_hidden_dims: list[int] = field(default_factory=lambda: [256, 256, 256])
+    """Hidden layer widths of the policy MLP."""
+    critic_hidden_dims: list[int] = field(default_factory=lambda: [256, 256, 256])
+    """Hidden layer widths of the value MLP."""
+    activation: str = "elu"
+    """Hidden activation: one of elu, relu, tanh, selu, gelu, silu, leaky_relu, softplus."""
+    init_noise_std: float = 1.0
+    """Initial standard deviation of the Gaussian policy (state-independent)."""
+    noise_std_type: str = "scalar"
+    """"scalar": the std itself is learned; "log": its logarithm is learned."""
+    min_std: float = 1e-3
+    """Lower bound on the policy std (keeps log-probs finite)."""
+    max_std: float = 10.0
+    """Upper bound on the policy std."""
+    normalize_observations: bool = True
+    """Normalize observations with running statistics stored in the model."""
+    observation_clip: float = 10.0
+    """Normalized observations are clipped to +-this value."""
+
+    def validate(self) -> None:
+        """Raise ValueError naming the first bad field."""
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(
+                f"activation '{self.activation}' unknown; choose one of {sorted(ACTIVATIONS)}"
+            )
+        if self.noise_std_type not in NOISE_STD_TYPES:
+            raise ValueError(f"noise_std_type must be one of {NOISE_STD_TYPES}")
+        for name in ("actor_hidden_dims", "critic_hidden_dims"):
+            dims = getattr(self, name)
+            if not dims or any(int(d) <= 0 for d in dims):
+                raise ValueError(f"{name} must be a non-empty list of positive widths")
+        if not 0.0 < self.min_std <= self.init_noise_std <= self.max_std:
+            raise ValueError("need 0 < min_std <= init_noise_std <= max_std")
+        if self.observation_clip <= 0.0:
+            raise ValueError("observation_clip must be positive")
+
+
+class ActOutput(NamedTuple):
+    """What acting on a batch of observations produces."""
+
+    actions: mx.array
+    log_probs: mx.array
+    values: mx.array
+    mean: mx.array
+    std: mx.array
+
+
+class MLP(nn.Module):
+    """Linear layers with an activation between them, orthogonally initialised."""
+
+    def __init__(
+        self,
+        in_dim: int,
+        hidden: list[int],
+        out_dim: int,
+        activation: Callable[[mx.array], mx.array],
+        out_gain: float,
+    ) -> None:
+        super().__init__()
+        dims = [in_dim, *[int(h) for h in hidden], out_dim]
+        self.layers = [nn.Linear(a, b) for a, b in zip(dims[:-1], dims[1:], strict=True)]
+        self._activation = activation
+        hidden_init = nn.init.orthogonal(gain=math.sqrt(2.0))
+        out_init = nn.init.orthogonal(gain=out_gain)
+        for i, layer in enumerate(self.layers):
+            init = out_init if i == len(self.layers) - 1 else hidden_init
+            layer.weight = init(layer.weight)
+            layer.bias = mx.zeros_like(layer.bias)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        for layer in self.layers[:-1]:
+            x = self._activation(layer(x))
+        return self.layers[-1](x)
+
+
+class MLPActorCritic(nn.Module):
+    """Gaussian policy with a state-independent std, and a separate value MLP."""
+
+    def __init__(self, obs_dim: int, action_dim: int, cfg: ModelConfig | None = None) -> None:
+        super().__init__()
+        cfg = cfg or ModelConfig()
+        cfg.validate()
+        self.cfg = cfg
+        self.obs_dim = obs_dim
+        self.action_dim = action_dim
+        activation = ACTIVATIONS[cfg.activation]
+        self.actor = MLP(obs_dim, cfg.actor_hidden_dims, action_dim, activation, 0.01)
+        self.critic = MLP(obs_dim, cfg.critic_hidden_dims, 1, activation, 1.0)
+        if cfg.noise_std_type == "scalar":
+            self.std = mx.full((action_dim,), cfg.init_noise_std)
+        else:
+            self.log_std = mx.full((action_dim,), math.log(cfg.init_noise_std))
+        self.normalizer = RunningNormalizer(obs_dim, clip=cfg.observation_clip)
+        self._log_min_std = math.log(cfg.min_std)
+        self._log_max_std = math.log(cfg.max_std)
+
+    def normalize(self, obs: mx.array) -> mx.array:
+        return self.normalizer(obs) if self.cfg.normalize_observations else obs
+
+    def std_and_log_std(self) -> tuple[mx.array, mx.array]:
+        """The bounded policy std and its log, shape (action_dim,)."""
+        if self.cfg.noise_std_type == "scalar":
+            std = mx.clip(self.std, self.cfg.min_std, self.cfg.max_std)
+            return std, mx.log(std)
+        log_std = mx.clip(self.log_std, self._log_min_std, self._log_max_std)
+        return mx.exp(log_std), log_std
+
+    def distribution_params(self, obs: mx.array) -> tuple[mx.array, mx.array, mx.array]:
+        """(mean, std, log_std), each shaped like the actions."""
+        mean = self.actor(self.normalize(obs))
+        std, log_std = self.std_and_log_std()
+        return mean, mx.broadcast_to(std, mean.shape), mx.broadcast_to(log_std, mean.shape)
+
+    def value(self, obs: mx.array) -> mx.array:
+        """State values, shape (batch,)."""
+        return self.critic(self.normalize(obs)).squeeze(-1)
+
+    def policy(self, obs: mx.array) -> mx.array:
+        """Deterministic (mean) actions, for evaluation and deployment."""
+        return self.actor(self.normalize(obs))
+
+    def sample(self, obs: mx.array) -> mx.array:
+        """Stochastic actions only: the cheap path for acting during collection."""
+        mean = self.policy(obs)
+        std, _ = self.std_and_log_std()
+        return mean + std * mx.random.normal(mean.shape)
+
+    def act(self, obs: mx.array) -> ActOutput:
+        """Sample actions with their log-probs, the values, and the distribution."""
+        mean, std, log_std = self.distribution_params(obs)
+        actions = mean + std * mx.random.normal(mean.shape)
+        log_probs = diag_gaussian_log_prob(actions, mean, log_std)
+        return ActOutput(actions, log_probs, self.value(obs), mean, std)

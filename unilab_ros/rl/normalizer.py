@@ -1,0 +1,43 @@
+"""Running mean / variance observation normalizer (part of the model's state)."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+
+
+class RunningNormalizer(nn.Module):
+    """Normalizes inputs with statistics merged batch by batch (Chan et al.).
+
+    Its arrays are frozen parameters: saved and restored with the model, never
+    touched by the optimizer.
+    """
+
+    def __init__(self, size: int, epsilon: float = 1e-8, clip: float = 10.0) -> None:
+        super().__init__()
+        self.mean = mx.zeros((size,))
+        self.var = mx.ones((size,))
+        self.count = mx.zeros(())
+        self._epsilon = epsilon
+        self._clip = clip
+        self.freeze()
+
+    def __call__(self, x: mx.array) -> mx.array:
+        z = (x - self.mean) * mx.rsqrt(self.var + self._epsilon)
+        return mx.clip(z, -self._clip, self._clip)
+
+    def update(self, batch: mx.array) -> None:
+        """Merge the statistics of ``batch`` (rows are samples) into the running ones."""
+        batch = batch.reshape(-1, self.mean.shape[0])
+        n = batch.shape[0]
+        if n == 0:
+            return
+        batch_mean = mx.mean(batch, axis=0)
+        batch_var = mx.var(batch, axis=0)
+        total = self.count + n
+        delta = batch_mean - self.mean
+        self.mean = self.mean + delta * (n / total)
+        merged = self.var * self.count + batch_var * n + delta * delta * (self.count * n / total)
+        self.var = merged / total
+        self.count = total
+        mx.eval(self.mean, self.var, self.count)
