@@ -8,13 +8,16 @@ from unilab_ros.rl.blas import load_optimized_blas
 
 load_optimized_blas()
 
+from unilab_ros.rl.agent import AgentConfig, PPOAgent  # noqa: E402
 from unilab_ros.rl.buffer import RolloutBuffer  # noqa: E402
 from unilab_ros.rl.model import MLPActorCritic, ModelConfig  # noqa: E402
 from unilab_ros.rl.ppo import PPOConfig, PPOTrainer  # noqa: E402
 
 __all__ = [
+    "AgentConfig",
     "MLPActorCritic",
     "ModelConfig",
+    "PPOAgent",
     "PPOConfig",
     "PPOTrainer",
     "RolloutBuffer",

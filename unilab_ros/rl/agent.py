@@ -11,6 +11,7 @@ import numpy as np
 from unilab_ros.rl.buffer import RolloutBuffer
 from unilab_ros.rl.distributions import diag_gaussian_log_prob
 from unilab_ros.rl.model import MLPActorCritic, ModelConfig
+from unilab_ros.rl.policy import PolicySampler
 from unilab_ros.rl.ppo import PPOConfig, PPOTrainer
 
 
@@ -69,19 +70,14 @@ class PPOAgent:
             self.ppo_cfg.gamma,
             self.ppo_cfg.lam,
         )
-        self.noise_key = mx.random.key(cfg.seed + 2)
+        self.sampler = PolicySampler(self.model, cfg.seed + 2)
         self.iteration = 0
         self.env_steps = 0
         mx.eval(self.model.parameters())
 
     def act(self, obs: np.ndarray, deterministic: bool = False) -> np.ndarray:
         """Policy actions (num_envs, action_dim) for raw observations."""
-        mean = self.model.policy(mx.array(obs))
-        if deterministic:
-            return np.array(mean)
-        self.noise_key, key = mx.random.split(self.noise_key)
-        std, _ = self.model.std_and_log_std()
-        return np.array(mean + std * mx.random.normal(mean.shape, key=key))
+        return self.sampler(obs, deterministic)
 
     def record(
         self, obs: np.ndarray, actions: np.ndarray, rewards: np.ndarray, dones: np.ndarray

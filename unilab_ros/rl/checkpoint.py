@@ -95,7 +95,7 @@ def save_checkpoint(
         **_prefixed("model", agent.model.parameters()),
         **_prefixed("optimizer", trainer.optimizer.state),
         **_prefixed("schedule", trainer.schedule_state),
-        "rng/noise_key": agent.noise_key,
+        "rng/noise_key": agent.sampler.key,
         "rng/shuffle_key": trainer.shuffle_key,
     }
     return _write_atomically(_with_suffix(path), arrays, _metadata(agent, "training", extra))
@@ -162,7 +162,7 @@ def restore_agent(agent: PPOAgent, checkpoint: Checkpoint) -> None:
         raise CheckpointError(f"{checkpoint.path} holds no optimizer state")
     trainer.optimizer.state.update(optimizer_state)
     trainer.schedule_state.update(checkpoint.group("schedule"))
-    agent.noise_key = checkpoint.arrays["rng/noise_key"]
+    agent.sampler.key = checkpoint.arrays["rng/noise_key"]
     trainer.shuffle_key = checkpoint.arrays["rng/shuffle_key"]
     agent.iteration = checkpoint.iteration
     agent.env_steps = checkpoint.env_steps
@@ -182,6 +182,7 @@ def arrays_equal(a: Any, b: Any) -> bool:
     """True when two trees hold the same names, shapes, dtypes and bits."""
     flat_a, flat_b = dict(tree_flatten(a)), dict(tree_flatten(b))
     return flat_a.keys() == flat_b.keys() and all(
-        flat_a[k].dtype == flat_b[k].dtype and np.array_equal(np.array(flat_a[k]), np.array(flat_b[k]))
+        flat_a[k].dtype == flat_b[k].dtype
+        and np.array_equal(np.array(flat_a[k]), np.array(flat_b[k]))
         for k in flat_a
     )

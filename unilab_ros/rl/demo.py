@@ -1,6 +1,6 @@
 """In-process PPO on a Gymnasium task (no ROS): the core's own learning check.
 
-    pendulum_demo --iterations 100
+pendulum_demo --iterations 100
 """
 
 from __future__ import annotations
@@ -47,7 +47,9 @@ class PendulumSetup:
         )
     )
     actions: ActionConfig = field(
-        default_factory=lambda: ActionConfig(action_scale=[2.0], action_low=[-2.0], action_high=[2.0])
+        default_factory=lambda: ActionConfig(
+            action_scale=[2.0], action_low=[-2.0], action_high=[2.0]
+        )
     )
 
 

@@ -136,9 +136,7 @@ class PPOTrainer:
     keeping that state costs references, not copies).
     """
 
-    def __init__(
-        self, model: MLPActorCritic, cfg: PPOConfig | None = None, seed: int = 0
-    ) -> None:
+    def __init__(self, model: MLPActorCritic, cfg: PPOConfig | None = None, seed: int = 0) -> None:
         cfg = cfg or PPOConfig()
         cfg.validate()
         self.model = model

@@ -1,0 +1,40 @@
+"""Train on a robot or an external simulator (e.g. Gazebo) that speaks the topic contract.
+
+    ros2 launch unilab_ros train.launch.py namespace:=robot1 use_sim_time:=true
+
+The trainer subscribes to relative `observation`, `reward` and `done` and publishes `action`:
+set `namespace` (or remap) to meet the robot's topics.
+"""
+
+from launch import LaunchDescription
+from launch.actions import DeclareLaunchArgument
+from launch.substitutions import LaunchConfiguration, PathJoinSubstitution
+from launch_ros.actions import Node
+from launch_ros.parameter_descriptions import ParameterValue
+from launch_ros.substitutions import FindPackageShare
+
+
+def generate_launch_description() -> LaunchDescription:
+    namespace = LaunchConfiguration('namespace')
+    params_file = LaunchConfiguration('params_file')
+    use_sim_time = LaunchConfiguration('use_sim_time')
+
+    arguments = [
+        DeclareLaunchArgument(
+            'namespace', default_value='',
+            description='Namespace of the trainer (its topics are relative)'),
+        DeclareLaunchArgument(
+            'params_file',
+            default_value=PathJoinSubstitution(
+                [FindPackageShare('unilab_ros'), 'config', 'trainer.yaml']),
+            description='YAML with unilab_trainer parameters'),
+        DeclareLaunchArgument(
+            'use_sim_time', default_value='false', choices=['true', 'false'],
+            description='Use the /clock topic (e.g. Gazebo) instead of the wall clock'),
+    ]
+    trainer = Node(
+        package='unilab_ros', executable='trainer_node', name='unilab_trainer',
+        namespace=namespace, output='screen',
+        parameters=[params_file,
+                    {'use_sim_time': ParameterValue(use_sim_time, value_type=bool)}])
+    return LaunchDescription([*arguments, trainer])

@@ -1,0 +1,188 @@
+"""MLPActorCritic: shapes, orthogonal initialisation, std bounds, activations, config."""
+
+import math
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from unilab_ros.rl.activations import ACTIVATIONS
+from unilab_ros.rl.distributions import diag_gaussian_log_prob
+from unilab_ros.rl.model import MLPActorCritic, ModelConfig
+
+OBS_DIM, ACTION_DIM, BATCH = 5, 3, 7
+
+
+def small_config(**overrides) -> ModelConfig:
+    fields = {"actor_hidden_dims": [16, 8], "critic_hidden_dims": [12, 8]} | overrides
+    return ModelConfig(**fields)
+
+
+def make_model(**overrides) -> MLPActorCritic:
+    mx.random.seed(0)
+    return MLPActorCritic(OBS_DIM, ACTION_DIM, small_config(**overrides))
+
+
+def observations(batch: int = BATCH) -> mx.array:
+    return mx.array(np.random.default_rng(0).normal(size=(batch, OBS_DIM)).astype(np.float32))
+
+
+def test_output_shapes():
+    model = make_model()
+    obs = observations()
+    mean, std, log_std = model.distribution_params(obs)
+    assert mean.shape == std.shape == log_std.shape == (BATCH, ACTION_DIM)
+    assert model.value(obs).shape == (BATCH,)
+    assert model.policy(obs).shape == (BATCH, ACTION_DIM)
+    assert model.sample(obs).shape == (BATCH, ACTION_DIM)
+    out = model.act(obs)
+    assert out.actions.shape == out.mean.shape == out.std.shape == (BATCH, ACTION_DIM)
+    assert out.log_probs.shape == out.values.shape == (BATCH,)
+
+
+def test_act_is_consistent_with_the_distribution():
+    model = make_model()
+    obs = observations()
+    out = model.act(obs)
+    mean, std, log_std = model.distribution_params(obs)
+    np.testing.assert_allclose(np.array(out.mean), np.array(mean), rtol=1e-6)
+    np.testing.assert_allclose(np.array(out.std), np.array(std), rtol=1e-6)
+    np.testing.assert_allclose(np.array(out.values), np.array(model.value(obs)), rtol=1e-6)
+    expected = diag_gaussian_log_prob(out.actions, mean, log_std)
+    np.testing.assert_allclose(np.array(out.log_probs), np.array(expected), rtol=1e-5)
+
+
+def test_deterministic_policy_is_the_mean():
+    model = make_model()
+    obs = observations()
+    np.testing.assert_array_equal(
+        np.array(model.policy(obs)), np.array(model.distribution_params(obs)[0])
+    )
+
+
+def test_samples_follow_mean_and_std():
+    model = make_model(init_noise_std=0.5)
+    obs = mx.broadcast_to(observations(1), (20_000, OBS_DIM))
+    samples = np.array(model.sample(obs))
+    mean = np.array(model.policy(obs[:1]))[0]
+    np.testing.assert_allclose(samples.mean(axis=0), mean, atol=0.02)
+    np.testing.assert_allclose(samples.std(axis=0), 0.5, rtol=0.03)
+
+
+def assert_orthogonal(weight: mx.array, gain: float) -> None:
+    """Rows (or columns, whichever are fewer) are orthogonal with norm ``gain``."""
+    w = np.array(weight, np.float64)
+    gram = w @ w.T if w.shape[0] <= w.shape[1] else w.T @ w
+    np.testing.assert_allclose(gram, gain**2 * np.eye(len(gram)), atol=1e-5 + 1e-5 * gain**2)
+
+
+def test_orthogonal_initialisation_and_zero_biases():
+    model = make_model()
+    actor, critic = model.actor.layers, model.critic.layers
+    # rsl_rl / cleanrl gains: sqrt(2) hidden, 0.01 policy output, 1 value output.
+    for layer in actor[:-1] + critic[:-1]:
+        assert_orthogonal(layer.weight, math.sqrt(2.0))
+    assert_orthogonal(actor[-1].weight, 0.01)
+    assert_orthogonal(critic[-1].weight, 1.0)
+    for layer in actor + critic:
+        np.testing.assert_array_equal(np.array(layer.bias), 0.0)
+
+
+@pytest.mark.parametrize("noise_std_type", ["scalar", "log"])
+def test_std_starts_at_init_and_stays_within_bounds(noise_std_type):
+    model = make_model(init_noise_std=0.7, min_std=0.1, max_std=2.0, noise_std_type=noise_std_type)
+    std, log_std = model.std_and_log_std()
+    np.testing.assert_allclose(np.array(std), 0.7, rtol=1e-6)
+    np.testing.assert_allclose(np.array(log_std), math.log(0.7), rtol=1e-6)
+
+    # Values an optimizer could push the parameter to: below, below and above the bounds.
+    if noise_std_type == "scalar":
+        model.std = mx.array([-5.0, 1e-4, 50.0])
+    else:
+        model.log_std = mx.array([math.log(1e-6), math.log(1e-4), math.log(50.0)])
+    std, log_std = model.std_and_log_std()
+    np.testing.assert_allclose(np.array(std), [0.1, 0.1, 2.0], rtol=1e-5)
+    np.testing.assert_allclose(np.array(log_std), np.log([0.1, 0.1, 2.0]), rtol=1e-5)
+    _, dist_std, _ = model.distribution_params(observations())
+    assert np.all(np.array(dist_std) >= 0.1 - 1e-7) and np.all(np.array(dist_std) <= 2.0 + 1e-6)
+
+
+@pytest.mark.parametrize("noise_std_type", ["scalar", "log"])
+def test_std_parameter_is_trainable(noise_std_type):
+    model = make_model(noise_std_type=noise_std_type)
+    name = "std" if noise_std_type == "scalar" else "log_std"
+    assert name in model.trainable_parameters()
+
+
+def numpy_activation(name: str, x: np.ndarray) -> np.ndarray:
+    """The standard definitions, written independently of mlx."""
+    if name == "elu":
+        return np.where(x > 0, x, np.expm1(x))
+    if name == "relu":
+        return np.maximum(x, 0.0)
+    if name == "tanh":
+        return np.tanh(x)
+    if name == "selu":
+        alpha, scale = 1.6732632423543772, 1.0507009873554805
+        return scale * np.where(x > 0, x, alpha * np.expm1(x))
+    if name == "gelu":
+        return x * 0.5 * (1.0 + np.vectorize(math.erf)(x / math.sqrt(2.0)))
+    if name == "silu":
+        return x / (1.0 + np.exp(-x))
+    if name == "leaky_relu":
+        return np.where(x > 0, x, 0.01 * x)
+    if name == "softplus":
+        return np.logaddexp(x, 0.0)
+    raise KeyError(name)
+
+
+DOCUMENTED_ACTIVATIONS = ["elu", "relu", "tanh", "selu", "gelu", "silu", "leaky_relu", "softplus"]
+
+
+def test_documented_activations_are_registered():
+    assert set(DOCUMENTED_ACTIVATIONS) <= set(ACTIVATIONS)
+
+
+@pytest.mark.parametrize("name", sorted(set(ACTIVATIONS) | set(DOCUMENTED_ACTIVATIONS)))
+def test_every_activation_is_applied_between_layers(name):
+    model = make_model(activation=name, normalize_observations=False)
+    obs = observations()
+    # Recompute the actor by hand: proves the named activation (and only it) is used.
+    x = np.array(obs, np.float64)
+    layers = model.actor.layers
+    for index, layer in enumerate(layers):
+        x = x @ np.array(layer.weight, np.float64).T + np.array(layer.bias, np.float64)
+        if index < len(layers) - 1:
+            x = numpy_activation(name, x)
+    np.testing.assert_allclose(np.array(model.policy(obs)), x, rtol=1e-4, atol=1e-6)
+    assert np.all(np.isfinite(np.array(model.value(obs))))
+
+
+def test_observations_are_normalized_when_enabled():
+    model = make_model(normalize_observations=True)
+    obs = observations(64) * 10.0 + 3.0
+    model.normalizer.update(obs)
+    raw = make_model(normalize_observations=False)
+    # Same weights (same seed): the normalized model sees what the raw one gets pre-scaled.
+    np.testing.assert_allclose(
+        np.array(model.value(obs)), np.array(raw.value(model.normalizer(obs))), rtol=1e-5
+    )
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"activation": "swish2"},
+        {"actor_hidden_dims": []},
+        {"critic_hidden_dims": []},
+        {"actor_hidden_dims": [16, 0]},
+        {"min_std": 0.5, "init_noise_std": 0.1},
+        {"max_std": 0.5, "init_noise_std": 1.0},
+        {"min_std": 0.0},
+        {"noise_std_type": "softplus"},
+        {"observation_clip": 0.0},
+    ],
+)
+def test_bad_config_raises_value_error(overrides):
+    with pytest.raises(ValueError):
+        MLPActorCritic(OBS_DIM, ACTION_DIM, small_config(**overrides))

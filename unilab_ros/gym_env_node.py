@@ -1,0 +1,318 @@
+"""Serve any Gymnasium environment over the unilab_ros topic contract.
+
+`num_envs` copies of `env_id` step together (SyncVectorEnv). The node publishes the first
+`observation` alone and re-publishes it every `republish_period` until the first valid
+`action` arrives, so a trainer started later still gets its first state. Each valid action
+then steps every env and publishes `reward`, `done` and the next `observation`, in that
+order. Only Box observation and Box action spaces are served.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import deque
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, fields
+
+import gymnasium as gym
+import numpy as np
+import rclpy
+from rclpy.exceptions import InvalidParameterTypeException
+from rclpy.executors import ExternalShutdownException
+from rclpy.logging import get_logger
+from rclpy.node import Node
+from std_msgs.msg import Float32MultiArray, Float64MultiArray, String, UInt8MultiArray
+
+from unilab_ros.messages import (
+    MessageError,
+    encode_done_codes,
+    read_matrix,
+    to_float32_msg,
+    to_uint8_msg,
+)
+
+NODE_NAME = 'gym_env'
+ACTION_TYPES = {'float32': Float32MultiArray, 'float64': Float64MultiArray}
+RETURN_WINDOW = 100
+REJECT_LOG_PERIOD_S = 2.0
+CONFIG_ERROR_EXIT_CODE = 2
+
+
+class GymEnvConfigError(Exception):
+    """A parameter or environment the node cannot serve; the message is one line."""
+
+
+@dataclass(frozen=True)
+class GymEnvParams:
+    """The node's parameters; the defaults here are the only ones (YAML only overrides)."""
+
+    env_id: str = 'Pendulum-v1'
+    """Any registered Gymnasium id with Box observation and action spaces."""
+    num_envs: int = 1
+    """Copies stepped together: the rows of every message."""
+    seed: int = 0
+    """Env i is reset with seed + i at start-up."""
+    max_episode_steps: int = 0
+    """Time limit (done code 2) per episode; 0 keeps the env's registered limit."""
+    republish_period: float = 0.5
+    """Seconds between re-publications of the first observation until an action arrives."""
+    action_type: str = 'float32'
+    """'float32' (Float32MultiArray) or 'float64' (Float64MultiArray, as ros2_control)."""
+    qos_depth: int = 10
+    """History depth of the observation / reward / done / action topics."""
+    log_period: float = 10.0
+    """Seconds between ~/status messages and episode-return log lines."""
+
+    def check(self) -> None:
+        """Raise GymEnvConfigError naming every out-of-range value."""
+        problems = []
+        if self.num_envs < 1:
+            problems.append(f'num_envs must be >= 1, got {self.num_envs}')
+        if self.max_episode_steps < 0:
+            problems.append(f'max_episode_steps must be >= 0, got {self.max_episode_steps}')
+        if self.republish_period < 0:
+            problems.append(f'republish_period must be >= 0 s, got {self.republish_period}')
+        if self.action_type not in ACTION_TYPES:
+            problems.append(f'action_type must be one of {sorted(ACTION_TYPES)}, '
+                            f'got {self.action_type!r}')
+        if self.qos_depth < 1:
+            problems.append(f'qos_depth must be >= 1, got {self.qos_depth}')
+        if self.log_period <= 0:
+            problems.append(f'log_period must be > 0 s, got {self.log_period}')
+        if problems:
+            raise GymEnvConfigError('; '.join(problems))
+
+
+@dataclass(frozen=True)
+class VectorStep:
+    """What one action produced: the arrays published on the three topics."""
+
+    observation: np.ndarray  # (num_envs, obs_dim) float32, reset state for an env that ended
+    reward: np.ndarray  # (num_envs,) float32, of the step that was taken
+    done: np.ndarray  # (num_envs,) uint8 done codes of the step that was taken
+
+
+@dataclass(frozen=True)
+class GymEnvCounters:
+    """A snapshot of the node's counters (status topic and tests)."""
+
+    steps: int
+    episodes: int
+    rejected_actions: int
+    first_observation_publishes: int
+    mean_return: float | None
+
+
+class GymVectorSim:
+    """The ROS-free side: a vector env with flat arrays in and out, clipping and returns."""
+
+    def __init__(self, env_id: str, num_envs: int, seed: int, max_episode_steps: int) -> None:
+        # SAME_STEP: an env that ends is reset within the same step, so the step returns the
+        # ending step's reward and flags with the first observation of the new episode.
+        self._envs = gym.vector.SyncVectorEnv(
+            [_env_factory(env_id, max_episode_steps)] * num_envs,
+            autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+        try:
+            self._check_spaces(env_id)
+        except GymEnvConfigError:
+            self._envs.close()
+            raise
+        action_space = self._envs.single_action_space
+        self.num_envs = num_envs
+        self.obs_dim = int(np.prod(self._envs.single_observation_space.shape))
+        self.action_dim = int(np.prod(action_space.shape))
+        self._action_shape = (num_envs, *action_space.shape)
+        self._action_dtype = action_space.dtype
+        self._action_low = action_space.low.reshape(-1)
+        self._action_high = action_space.high.reshape(-1)
+        self._seed = seed
+        self._running_returns = np.zeros(num_envs)
+        self.recent_returns: deque[float] = deque(maxlen=RETURN_WINDOW)
+        self.steps = 0
+        self.episodes = 0
+
+    def _check_spaces(self, env_id: str) -> None:
+        for role, space in (('observation', self._envs.single_observation_space),
+                            ('action', self._envs.single_action_space)):
+            if not isinstance(space, gym.spaces.Box):
+                raise GymEnvConfigError(
+                    f'{env_id} has a {type(space).__name__} {role} space; only Box '
+                    'observation and action spaces are supported')
+
+    def reset(self) -> np.ndarray:
+        """The first (num_envs, obs_dim) observation; env i is seeded with seed + i."""
+        observation, _ = self._envs.reset(seed=self._seed)
+        return self._flat_observation(observation)
+
+    def step(self, actions: np.ndarray) -> VectorStep:
+        """Step every env with (num_envs, action_dim) actions, clipped to the action space."""
+        clipped = np.clip(actions, self._action_low, self._action_high)
+        observation, reward, terminated, truncated, _ = self._envs.step(
+            clipped.reshape(self._action_shape).astype(self._action_dtype, copy=False))
+        done = encode_done_codes(terminated, truncated)
+        self._track_returns(reward, done)
+        return VectorStep(self._flat_observation(observation),
+                          np.asarray(reward, dtype=np.float32), done)
+
+    def mean_return(self, last: int = RETURN_WINDOW) -> float | None:
+        """Mean return of the `last` finished episodes (at most RETURN_WINDOW), if any."""
+        returns = list(self.recent_returns)[-last:] if last > 0 else []
+        return float(np.mean(returns)) if returns else None
+
+    def close(self) -> None:
+        self._envs.close()
+
+    def _track_returns(self, reward: np.ndarray, done: np.ndarray) -> None:
+        self.steps += 1
+        self._running_returns += reward
+        ended = done != 0
+        self.recent_returns.extend(self._running_returns[ended].tolist())
+        self.episodes += int(ended.sum())
+        self._running_returns[ended] = 0.0
+
+    def _flat_observation(self, observation: np.ndarray) -> np.ndarray:
+        return np.asarray(observation, dtype=np.float32).reshape(self.num_envs, self.obs_dim)
+
+
+def _env_factory(env_id: str, max_episode_steps: int) -> Callable[[], gym.Env]:
+    def make() -> gym.Env:
+        try:
+            return gym.make(env_id, max_episode_steps=max_episode_steps or None)
+        except (gym.error.Error, ImportError) as error:
+            # e.g. an unknown id, or MuJoCo envs without their optional dependencies.
+            reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+            raise GymEnvConfigError(f'cannot create {env_id}: {reason}') from error
+    return make
+
+
+class GymEnvNode(Node):
+    """Publishes observation / reward / done of a Gymnasium vector env, steps it on `action`."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(NODE_NAME, **kwargs)
+        try:
+            self._setup()
+        except GymEnvConfigError:
+            self.destroy_node()
+            raise
+
+    def _setup(self) -> None:
+        params = self._declare_parameters()
+        params.check()
+        self._sim = GymVectorSim(params.env_id, params.num_envs, params.seed,
+                                 params.max_episode_steps)
+        self._rejected_actions = 0
+        self._first_observation_publishes = 0
+        self._logged_episodes = 0
+
+        self._observation_pub = self.create_publisher(Float32MultiArray, 'observation',
+                                                      params.qos_depth)
+        self._reward_pub = self.create_publisher(Float32MultiArray, 'reward', params.qos_depth)
+        self._done_pub = self.create_publisher(UInt8MultiArray, 'done', params.qos_depth)
+        self._status_pub = self.create_publisher(String, '~/status', 10)
+        self.create_subscription(ACTION_TYPES[params.action_type], 'action', self._on_action,
+                                 params.qos_depth)
+
+        self._first_observation = to_float32_msg(self._sim.reset(), ('env', 'obs'))
+        self._publish_first_observation()
+        self._republish_timer = (self.create_timer(params.republish_period,
+                                                   self._publish_first_observation)
+                                 if params.republish_period > 0 else None)
+        self.create_timer(params.log_period, self._report)
+        self.get_logger().info(
+            f'serving {params.num_envs} x {params.env_id}: obs_dim={self._sim.obs_dim}, '
+            f'action_dim={self._sim.action_dim}, action type {params.action_type}')
+
+    def _declare_parameters(self) -> GymEnvParams:
+        values = {}
+        for field in fields(GymEnvParams):
+            try:
+                values[field.name] = self.declare_parameter(field.name, field.default).value
+            except InvalidParameterTypeException as error:
+                raise GymEnvConfigError(
+                    f'parameter {field.name} must be a {type(field.default).__name__} '
+                    f'like its default {field.default!r}') from error
+        return GymEnvParams(**values)
+
+    @property
+    def counters(self) -> GymEnvCounters:
+        return GymEnvCounters(steps=self._sim.steps, episodes=self._sim.episodes,
+                              rejected_actions=self._rejected_actions,
+                              first_observation_publishes=self._first_observation_publishes,
+                              mean_return=self._sim.mean_return())
+
+    @property
+    def waiting_for_first_action(self) -> bool:
+        return self._first_observation is not None
+
+    def destroy_node(self) -> None:
+        if getattr(self, '_sim', None) is not None:
+            self._sim.close()
+            self._sim = None
+        super().destroy_node()
+
+    def _publish_first_observation(self) -> None:
+        if self._first_observation is None:
+            return
+        self._observation_pub.publish(self._first_observation)
+        self._first_observation_publishes += 1
+
+    def _on_action(self, msg: Float32MultiArray | Float64MultiArray) -> None:
+        try:
+            actions = read_matrix(msg, self._sim.num_envs, self._sim.action_dim)
+        except MessageError as error:
+            self._reject(error.reason)
+            return
+        self._stop_republishing()
+        result = self._sim.step(actions)
+        self._reward_pub.publish(to_float32_msg(result.reward, ('env',)))
+        self._done_pub.publish(to_uint8_msg(result.done, ('env',)))
+        self._observation_pub.publish(to_float32_msg(result.observation, ('env', 'obs')))
+
+    def _reject(self, reason: str) -> None:
+        self._rejected_actions += 1
+        self.get_logger().warning(
+            f'rejected action, env not stepped ({self._rejected_actions} so far): {reason}',
+            throttle_duration_sec=REJECT_LOG_PERIOD_S)
+
+    def _stop_republishing(self) -> None:
+        self._first_observation = None
+        if self._republish_timer is not None:
+            self.destroy_timer(self._republish_timer)
+            self._republish_timer = None
+
+    def _report(self) -> None:
+        counters = self.counters
+        self._status_pub.publish(String(data=json.dumps(asdict(counters))))
+        new_episodes = counters.episodes - self._logged_episodes
+        if new_episodes == 0:
+            return
+        self._logged_episodes = counters.episodes
+        self.get_logger().info(
+            f'{counters.steps} steps, {counters.episodes} episodes; mean return of the last '
+            f'{min(new_episodes, RETURN_WINDOW)}: {self._sim.mean_return(new_episodes):.3f}')
+
+
+def main(args: list[str] | None = None) -> None:
+    rclpy.init(args=args)
+    node = None
+    exit_code = 0
+    try:
+        node = GymEnvNode()
+        rclpy.spin(node)
+    except GymEnvConfigError as error:
+        get_logger(NODE_NAME).fatal(str(error))
+        exit_code = CONFIG_ERROR_EXIT_CODE
+    except (KeyboardInterrupt, ExternalShutdownException):
+        pass
+    finally:
+        if node is not None:
+            node.destroy_node()
+        rclpy.try_shutdown()
+    if exit_code:
+        sys.exit(exit_code)
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,100 @@
+"""ROS parameters <-> config dataclasses: the dataclasses are the one source of defaults.
+
+Every field is declared as a parameter (``prefix.field``) with its default, its type
+fixed by that default, and its attribute docstring as the description, so
+``ros2 param describe`` documents it. YAML files and launch arguments only override.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import functools
+import inspect
+import textwrap
+from typing import Any, TypeVar
+
+from rcl_interfaces.msg import ParameterDescriptor
+from rclpy.exceptions import InvalidParameterTypeException, ParameterException
+from rclpy.node import Node
+
+Config = TypeVar("Config")
+
+
+class ConfigError(ValueError):
+    """A parameter value the node cannot start with; the message is one line."""
+
+
+@functools.cache
+def field_docs(cls: type) -> dict[str, str]:
+    """The attribute docstrings of a dataclass, by field name."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
+        except (OSError, TypeError, SyntaxError):
+            continue
+        body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
+        for node, following in zip(body, body[1:], strict=False):
+            if (
+                isinstance(node, ast.AnnAssign)
+                and isinstance(node.target, ast.Name)
+                and isinstance(following, ast.Expr)
+                and isinstance(following.value, ast.Constant)
+                and isinstance(following.value.value, str)
+            ):
+                docs[node.target.id] = " ".join(following.value.value.split())
+    return docs
+
+
+def _name(prefix: str, field_name: str) -> str:
+    return f"{prefix}.{field_name}" if prefix else field_name
+
+
+def declare_config(node: Node, config: Any, prefix: str = "") -> None:
+    """Declare one parameter per field of ``config`` with its value as the default."""
+    docs = field_docs(type(config))
+    for field in dataclasses.fields(config):
+        name = _name(prefix, field.name)
+        default = getattr(config, field.name)
+        descriptor = ParameterDescriptor(description=docs.get(field.name, ""))
+        try:
+            node.declare_parameter(name, default, descriptor)
+        except InvalidParameterTypeException as error:
+            raise ConfigError(
+                f"parameter '{name}' must be {_type_name(default)} like its default "
+                f"{default!r} (floats need a decimal point): {error}"
+            ) from None
+        except ParameterException as error:
+            raise ConfigError(f"parameter '{name}': {error}") from None
+
+
+def read_config(node: Node, cls: type[Config], prefix: str = "") -> Config:
+    """Build ``cls`` from the declared parameters and run its ``validate()``, if any."""
+    values = {
+        field.name: _plain(node.get_parameter(_name(prefix, field.name)).value)
+        for field in dataclasses.fields(cls)  # type: ignore[arg-type]
+    }
+    config = cls(**values)
+    validate = getattr(config, "validate", None)
+    if validate is not None:
+        try:
+            validate()
+        except ValueError as error:
+            where = f"{prefix}." if prefix else ""
+            raise ConfigError(f"bad parameter value ({where}*): {error}") from None
+    return config
+
+
+def _plain(value: Any) -> Any:
+    """Arrays come back from rclpy as array.array: give the dataclass plain lists."""
+    return list(value) if hasattr(value, "tolist") or isinstance(value, tuple) else value
+
+
+def _type_name(value: Any) -> str:
+    if isinstance(value, list):
+        inner = _type_name(value[0]) if value else "value"
+        return f"a list of {inner}s"
+    return {bool: "a bool", int: "an integer", float: "a float", str: "a string"}.get(
+        type(value), type(value).__name__
+    )

@@ -1,0 +1,32 @@
+"""Where the package's installed data (config, launch) lives."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+PACKAGE = "unilab_ros"
+
+
+def package_share() -> Path:
+    """share/unilab_ros of a colcon or pip install, else the source tree (editable)."""
+    try:
+        from ament_index_python.packages import (
+            PackageNotFoundError,
+            get_package_share_directory,
+        )
+
+        return Path(get_package_share_directory(PACKAGE))
+    except (ImportError, PackageNotFoundError, LookupError, OSError):
+        pass
+    installed = Path(sys.prefix) / "share" / PACKAGE
+    if (installed / "config").is_dir():
+        return installed
+    return Path(__file__).resolve().parent.parent
+
+
+def config_file(name: str) -> Path:
+    path = package_share() / "config" / name
+    if not path.is_file():
+        raise FileNotFoundError(f"no config file {name} in {path.parent}")
+    return path

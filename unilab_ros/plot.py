@@ -1,0 +1,28 @@
+"""Learning-curve figure from the metrics CSV columns."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
+
+
+def plot_learning_curve(metrics: dict[str, list[float]], path: Path, title: str = "") -> Path:
+    """Mean episode return and update time against env steps, as a PNG."""
+    fig, (ax_return, ax_time) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
+    steps = metrics["env_steps"]
+    ax_return.plot(steps, metrics["mean_return"], color="tab:blue")
+    ax_return.set_ylabel("mean episode return")
+    ax_return.grid(alpha=0.3)
+    ax_return.set_title(title or "learning curve")
+    ax_time.plot(steps, metrics["update_time"], color="tab:orange")
+    ax_time.set_ylabel("update time (s)")
+    ax_time.set_xlabel("env steps")
+    ax_time.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

@@ -1,0 +1,153 @@
+"""policy_node (node ``unilab_policy``): runs a trained policy, inference only.
+
+Subscribes ``observation`` and publishes ``action`` (same contract as the trainer);
+sizes, architecture and observation normalizer come from the checkpoint. A watchdog
+publishes the safe action when observations stop.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import rclpy
+from rclpy.clock import Clock, ClockType
+from rclpy.executors import ExternalShutdownException
+from rclpy.node import Node
+from rclpy.qos import QoSProfile
+from std_msgs.msg import Float32MultiArray, Float64MultiArray, String
+from std_srvs.srv import SetBool
+
+from unilab_ros.messages import MessageError, read_matrix, to_float32_msg, to_float64_msg
+from unilab_ros.params import ConfigError, declare_config, read_config
+from unilab_ros.rl.actions import ActionConfig, ActionMapper
+from unilab_ros.rl.checkpoint import CheckpointError, load_policy
+from unilab_ros.rl.policy import PolicySampler
+from unilab_ros.trainer_config import ACTION_MSG_TYPES
+
+NODE_NAME = "unilab_policy"
+
+
+@dataclass
+class PolicyNodeConfig:
+    """Deployment settings."""
+
+    checkpoint: str = ""
+    """Training checkpoint or policy export to run (required)."""
+    num_envs: int = 1
+    """Rows of the observation and action messages."""
+    obs_timeout: float = 0.2
+    """Seconds (steady clock) without an observation before the safe action is sent."""
+    watchdog_safe_action: bool = True
+    """The watchdog publishes the safe action (else it only reports)."""
+    deterministic: bool = True
+    """Publish the mean action (else sample from the policy)."""
+    action_msg_type: str = "float32"
+    """float32 or float64 (ros2_control's forward_command_controller)."""
+    qos_depth: int = 10
+    """History depth of the topics."""
+
+    def validate(self) -> None:
+        if not self.checkpoint:
+            raise ValueError("checkpoint must name a checkpoint file")
+        if self.num_envs < 1 or self.qos_depth < 1 or self.obs_timeout <= 0.0:
+            raise ValueError("num_envs, qos_depth and obs_timeout must be positive")
+        if self.action_msg_type not in ACTION_MSG_TYPES:
+            raise ValueError(f"action_msg_type must be one of {ACTION_MSG_TYPES}")
+
+
+class PolicyNode(Node):
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(NODE_NAME, **kwargs)
+        declare_config(self, PolicyNodeConfig())
+        declare_config(self, ActionConfig())
+        self.cfg = read_config(self, PolicyNodeConfig)
+        try:
+            self.model, checkpoint = load_policy(self.cfg.checkpoint)
+            self.actions = ActionMapper(
+                read_config(self, ActionConfig), self.cfg.num_envs, self.model.action_dim
+            )
+        except (ValueError, CheckpointError) as error:
+            raise ConfigError(str(error)) from None
+        self.sampler = PolicySampler(self.model, checkpoint.agent_cfg.seed)
+        self.counters = {"actions": 0, "rejected_observations": 0, "watchdog_trips": 0}
+        self._last_obs_time: float | None = None
+        self._tripped = False
+        qos = QoSProfile(depth=self.cfg.qos_depth)
+        float64 = self.cfg.action_msg_type == "float64"
+        self._to_msg = to_float64_msg if float64 else to_float32_msg
+        self._action_pub = self.create_publisher(
+            Float64MultiArray if float64 else Float32MultiArray, "action", qos
+        )
+        self._status_pub = self.create_publisher(String, "~/status", qos)
+        self.create_subscription(Float32MultiArray, "observation", self._on_observation, qos)
+        self.create_service(SetBool, "~/set_deterministic", self._srv_set_deterministic)
+        steady = Clock(clock_type=ClockType.STEADY_TIME)
+        self.create_timer(min(0.1, self.cfg.obs_timeout / 2.0), self._watchdog, clock=steady)
+        self.create_timer(1.0, self._publish_status, clock=steady)
+        self.get_logger().info(
+            f"deploying {self.cfg.checkpoint} (iteration {checkpoint.iteration}): "
+            f"obs {self.model.obs_dim} -> action {self.model.action_dim}"
+        )
+
+    def _on_observation(self, msg: Float32MultiArray) -> None:
+        try:
+            obs = read_matrix(msg, self.cfg.num_envs, self.model.obs_dim)
+        except MessageError as error:
+            self.counters["rejected_observations"] += 1
+            self.get_logger().warning(
+                f"rejected observation: {error.reason}", throttle_duration_sec=5.0
+            )
+            return
+        self._last_obs_time = time.monotonic()
+        self._tripped = False
+        actions = self.actions(self.sampler(obs, self.cfg.deterministic))
+        self._action_pub.publish(self._to_msg(actions, ("env", "action")))
+        self.counters["actions"] += 1
+
+    def _watchdog(self) -> None:
+        if self._last_obs_time is None:
+            return
+        if time.monotonic() - self._last_obs_time <= self.cfg.obs_timeout:
+            return
+        if not self._tripped:
+            self._tripped = True
+            self.counters["watchdog_trips"] += 1
+            self.get_logger().warning(f"no observation for {self.cfg.obs_timeout}s")
+        if self.cfg.watchdog_safe_action:
+            self._action_pub.publish(self._to_msg(self.actions.safe, ("env", "action")))
+
+    def _srv_set_deterministic(self, request: SetBool.Request, response: SetBool.Response) -> Any:
+        self.cfg.deterministic = bool(request.data)
+        response.success, response.message = True, f"deterministic={self.cfg.deterministic}"
+        return response
+
+    def _publish_status(self) -> None:
+        state = "watchdog" if self._tripped else "deploying"
+        self._status_pub.publish(String(data=json.dumps({"state": state, **self.counters})))
+
+
+def main(args: list[str] | None = None) -> None:
+    rclpy.init(args=args)
+    node: PolicyNode | None = None
+    code = 0
+    try:
+        node = PolicyNode()
+        rclpy.spin(node)
+    except ConfigError as error:
+        rclpy.logging.get_logger(NODE_NAME).fatal(f"cannot start: {error}")
+        code = 2
+    except (KeyboardInterrupt, ExternalShutdownException):
+        pass
+    finally:
+        if node is not None:
+            node.destroy_node()
+        rclpy.try_shutdown()
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

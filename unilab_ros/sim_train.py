@@ -1,0 +1,109 @@
+"""sim_train: the main job without ``ros2 launch`` — gym bridge and trainer as two processes.
+
+    sim_train                       # Pendulum-v1, config/pendulum.yaml
+    sim_train --iterations 60 --output runs/pendulum
+
+Starts ``gym_env_node`` and ``trainer_node`` on an isolated ROS 2 graph (localhost
+discovery, a domain id of its own), relays the trainer's progress lines, stops the
+bridge when the trainer finishes ``max_iterations``, then writes the learning curve
+next to the checkpoints. In a ROS 2 workspace the same run is
+``ros2 launch unilab_ros sim_train.launch.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from unilab_ros.metrics_log import read_metrics
+from unilab_ros.paths import config_file
+from unilab_ros.plot import plot_learning_curve
+
+
+def isolated_ros_env(domain_id: int | None = None) -> dict[str, str]:
+    """The environment for child nodes: localhost-only discovery and its own domain."""
+    env = dict(os.environ)
+    env["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
+    env["ROS_DOMAIN_ID"] = str(domain_id if domain_id is not None else 1 + os.getpid() % 100)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def node_command(module: str, params_file: Path, overrides: dict[str, str]) -> list[str]:
+    command = [sys.executable, "-m", module, "--ros-args", "--params-file", str(params_file)]
+    for name, value in overrides.items():
+        command += ["-p", f"{name}:={value}"]
+    return command
+
+
+def stop(process: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
+    """SIGINT (the trainer saves on it), then SIGKILL if it does not exit."""
+    if process.poll() is not None:
+        return
+    process.send_signal(signal.SIGINT)
+    try:
+        process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--params-file", type=Path, default=None)
+    parser.add_argument("--env-id", default="Pendulum-v1")
+    parser.add_argument("--iterations", type=int, default=None, help="max_iterations")
+    parser.add_argument("--output", type=Path, default=Path("runs/pendulum"))
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds before giving up")
+    parser.add_argument("--domain-id", type=int, default=None)
+    args = parser.parse_args(argv)
+
+    params_file = args.params_file or config_file("pendulum.yaml")
+    output = args.output.resolve()
+    output.mkdir(parents=True, exist_ok=True)
+    (output / "metrics.csv").unlink(missing_ok=True)
+    env = isolated_ros_env(args.domain_id)
+    trainer_overrides = {"checkpoint_dir": str(output)}
+    if args.iterations is not None:
+        trainer_overrides["max_iterations"] = str(args.iterations)
+    bridge = subprocess.Popen(
+        node_command("unilab_ros.gym_env_node", params_file, {"env_id": args.env_id}), env=env
+    )
+    trainer = subprocess.Popen(
+        node_command("unilab_ros.trainer_node", params_file, trainer_overrides), env=env
+    )
+    start = time.monotonic()
+    try:
+        while trainer.poll() is None and bridge.poll() is None:
+            if time.monotonic() - start > args.timeout:
+                print(f"sim_train: no result after {args.timeout:.0f}s, stopping", flush=True)
+                break
+            time.sleep(0.2)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        stop(trainer, timeout=60.0)
+        stop(bridge)
+    elapsed = time.monotonic() - start
+    if trainer.returncode != 0:
+        print(f"sim_train: trainer exited with code {trainer.returncode}", flush=True)
+        return trainer.returncode or 1
+    metrics = read_metrics(output / "metrics.csv")
+    png = plot_learning_curve(metrics, output / "learning_curve.png", title=args.env_id)
+    final_return = metrics["mean_return"][-1]
+    print(
+        f"sim_train: {len(metrics['iteration'])} iterations, {int(metrics['env_steps'][-1])} env "
+        f"steps in {elapsed:.0f}s; final mean return {final_return:.1f}\n"
+        f"  checkpoint: {output / 'latest.safetensors'}\n  learning curve: {png}",
+        flush=True,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

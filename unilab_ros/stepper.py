@@ -1,0 +1,137 @@
+"""Pairs each published action with the reward, done and next observation it caused.
+
+ROS-free: the trainer node feeds it validated arrays with their reception stamps
+and the node clock's time, and acts on what it returns. The three parts of a step
+may arrive in any order. Rules, each counted:
+
+- an observation with no action outstanding starts a segment (act on it);
+- a reward or done with no action outstanding, or received before the observation
+  the outstanding action answers, is stale and dropped;
+- a second part of the same kind for one step is a duplicate and dropped; so is an
+  observation bit-identical to the one the action answers (an environment
+  re-publishing its first observation before it saw the action);
+- a step not complete within ``step_timeout`` of its action is dropped: the caller
+  cuts the segment and the next observation starts a new one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+import numpy as np
+
+
+class Counter(str, Enum):
+    """Names of the stepper's counters (also the diagnostics keys)."""
+
+    COMPLETED = "steps_completed"
+    DROPPED = "steps_dropped"
+    STALE = "stale_messages"
+    DUPLICATE = "duplicate_messages"
+
+
+@dataclass
+class Transition:
+    """One completed step of every env."""
+
+    obs: np.ndarray
+    action: np.ndarray
+    reward: np.ndarray
+    done: np.ndarray
+    next_obs: np.ndarray
+
+
+@dataclass
+class _Pending:
+    obs: np.ndarray
+    action: np.ndarray
+    obs_stamp: int
+    deadline: float
+    reward: np.ndarray | None = None
+    done: np.ndarray | None = None
+    next_obs: np.ndarray | None = None
+    next_obs_stamp: int = 0
+
+
+@dataclass
+class StepSync:
+    """The step synchroniser; times are seconds on the node clock, stamps are ns."""
+
+    step_timeout: float
+    counters: dict[str, int] = field(default_factory=lambda: {c.value: 0 for c in Counter})
+    last_obs_stamp: int = 0
+    """Reception stamp of the latest completed step's next observation."""
+    _pending: _Pending | None = None
+
+    @property
+    def awaiting_step(self) -> bool:
+        """An action is outstanding."""
+        return self._pending is not None
+
+    def reset(self) -> None:
+        """Forget the outstanding step (e.g. around an update)."""
+        self._pending = None
+
+    def on_observation(self, obs: np.ndarray, stamp: int) -> Transition | np.ndarray | None:
+        """An observation: returns the obs to act on when it starts a segment, the
+        completed Transition when it finishes a step, else None."""
+        pending = self._pending
+        if pending is None:
+            return obs
+        if stamp < pending.obs_stamp:
+            return self._count(Counter.STALE)
+        if pending.next_obs is not None or np.array_equal(obs, pending.obs):
+            return self._count(Counter.DUPLICATE)
+        pending.next_obs, pending.next_obs_stamp = obs, stamp
+        return self._complete()
+
+    def on_reward(self, reward: np.ndarray, stamp: int) -> Transition | None:
+        pending = self._pending
+        if pending is None or stamp < pending.obs_stamp:
+            return self._count(Counter.STALE)
+        if pending.reward is not None:
+            return self._count(Counter.DUPLICATE)
+        pending.reward = reward
+        return self._complete()
+
+    def on_done(self, done: np.ndarray, stamp: int) -> Transition | None:
+        pending = self._pending
+        if pending is None or stamp < pending.obs_stamp:
+            return self._count(Counter.STALE)
+        if pending.done is not None:
+            return self._count(Counter.DUPLICATE)
+        pending.done = done
+        return self._complete()
+
+    def action_sent(self, obs: np.ndarray, action: np.ndarray, obs_stamp: int, now: float) -> None:
+        """Record the action published for ``obs``; its step must complete by now + timeout."""
+        self._pending = _Pending(obs, action, obs_stamp, now + self.step_timeout)
+
+    def expired(self, now: float) -> bool:
+        """Drop the outstanding step if its deadline passed; True when one was dropped."""
+        if self._pending is None or now <= self._pending.deadline:
+            return False
+        self._pending = None
+        self.counters[Counter.DROPPED.value] += 1
+        return True
+
+    def _complete(self) -> Transition | None:
+        pending = self._pending
+        if (
+            pending is None
+            or pending.reward is None
+            or pending.done is None
+            or pending.next_obs is None
+        ):
+            return None
+        self._pending = None
+        self.last_obs_stamp = pending.next_obs_stamp
+        self.counters[Counter.COMPLETED.value] += 1
+        return Transition(
+            pending.obs, pending.action, pending.reward, pending.done, pending.next_obs
+        )
+
+    def _count(self, counter: Counter) -> None:
+        self.counters[counter.value] += 1
+        return None

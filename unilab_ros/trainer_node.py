@@ -1,0 +1,466 @@
+"""trainer_node (node ``unilab_trainer``): learns a policy online over the topic contract.
+
+Subscribes ``observation``, ``reward`` and ``done``; publishes ``action``, ``~/status``
+and ``/diagnostics``. Steps are paired by ``StepSync``, stored and learned from by
+``PPOAgent``; this node only converts messages, keeps time and talks to ROS. All MLX
+work runs on the executor's one thread.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import rclpy
+from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
+from rclpy.clock import Clock, ClockType
+from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
+from rclpy.node import Node
+from rclpy.qos import QoSProfile
+from rclpy.subscription import Subscription
+from std_msgs.msg import Float32MultiArray, Float64MultiArray, String, UInt8MultiArray
+from std_srvs.srv import SetBool, Trigger
+
+from unilab_ros.messages import (
+    MessageError,
+    read_done_codes,
+    read_matrix,
+    read_vector,
+    to_float32_msg,
+    to_float64_msg,
+)
+from unilab_ros.metrics_log import MetricsLog
+from unilab_ros.params import ConfigError, declare_config, read_config
+from unilab_ros.rl import PPOAgent
+from unilab_ros.rl.actions import ActionConfig, ActionMapper
+from unilab_ros.rl.agent import AgentConfig
+from unilab_ros.rl.blas import blas_description
+from unilab_ros.rl.checkpoint import Checkpoint, CheckpointError, restore_agent, save_checkpoint
+from unilab_ros.rl.episodes import EpisodeStats
+from unilab_ros.rl.model import ModelConfig
+from unilab_ros.rl.ppo import PPOConfig
+from unilab_ros.sim_pause import SimPause
+from unilab_ros.stepper import StepSync, Transition
+from unilab_ros.trainer_config import TrainerNodeConfig
+
+NODE_NAME = "unilab_trainer"
+_WARN_PERIOD = 5.0
+"""Seconds between repeats of one kind of warning."""
+
+
+class State(str, Enum):
+    WAITING = "waiting_for_observation"
+    COLLECTING = "collecting"
+    EPISODE_END = "waiting_for_episode_end"
+    UPDATING = "updating"
+    FINISHED = "finished"
+
+
+class TrainerNode(Node):
+    """Online PPO trainer; see the module docstring and DESIGN.md's topic contract."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(NODE_NAME, **kwargs)
+        for config, prefix in (
+            (AgentConfig(), ""),
+            (ActionConfig(), ""),
+            (TrainerNodeConfig(), ""),
+            (ModelConfig(), "model"),
+            (PPOConfig(), "ppo"),
+        ):
+            declare_config(self, config, prefix)
+        self.cfg = read_config(self, TrainerNodeConfig)
+        agent_cfg = read_config(self, AgentConfig)
+        try:
+            self.agent = PPOAgent(
+                agent_cfg,
+                read_config(self, ModelConfig, "model"),
+                read_config(self, PPOConfig, "ppo"),
+            )
+            self.actions = ActionMapper(
+                read_config(self, ActionConfig), agent_cfg.num_envs, agent_cfg.action_dim
+            )
+            if self.cfg.resume_from:
+                restore_agent(self.agent, Checkpoint(self.cfg.resume_from))
+        except (ValueError, CheckpointError) as error:
+            raise ConfigError(str(error)) from None
+        self.num_envs, self.obs_dim = agent_cfg.num_envs, agent_cfg.obs_dim
+        self.action_dim = agent_cfg.action_dim
+
+        self.sync = StepSync(self.cfg.step_timeout)
+        self.stats = EpisodeStats(self.num_envs)
+        self.counters = {
+            "rejected_observations": 0,
+            "rejected_rewards": 0,
+            "rejected_dones": 0,
+            "discarded_during_update": 0,
+            "watchdog_trips": 0,
+            "safe_actions_published": 0,
+        }
+        self.state = State.WAITING
+        self.last_metrics: dict[str, float] = {}
+        self._latest_obs: tuple[np.ndarray, int] | None = None
+        self._bootstrap_obs: np.ndarray | None = None
+        self._episode_end_pending = np.zeros(self.num_envs, bool)
+        self._episode_end_deadline = 0.0
+        self._last_obs_time: float | None = None
+        self._watchdog_tripped = False
+        self._iteration_start = (time.perf_counter(), self.agent.env_steps)
+        self._pause_wait: tuple[Any, float] | None = None
+        self._checkpoint_dir = Path(self.cfg.checkpoint_dir)
+        self._log = MetricsLog(self._checkpoint_dir, self.cfg.tensorboard)
+
+        qos = QoSProfile(depth=self.cfg.qos_depth)
+        action_type = (
+            Float64MultiArray if self.cfg.action_msg_type == "float64" else Float32MultiArray
+        )
+        self._to_msg = to_float64_msg if action_type is Float64MultiArray else to_float32_msg
+        self._action_pub = self.create_publisher(action_type, "action", qos)
+        self._status_pub = self.create_publisher(String, "~/status", qos)
+        self._diag_pub = self.create_publisher(DiagnosticArray, "/diagnostics", qos)
+        self._obs_sub = self.create_subscription(
+            Float32MultiArray, "observation", self._on_observation, qos
+        )
+        self._reward_sub = self.create_subscription(
+            Float32MultiArray, "reward", self._on_reward, qos
+        )
+        self._done_sub = self.create_subscription(UInt8MultiArray, "done", self._on_done, qos)
+        self.create_service(Trigger, "~/save_checkpoint", self._srv_save)
+        self.create_service(SetBool, "~/set_training", self._srv_set_training)
+        self.create_service(SetBool, "~/set_deterministic", self._srv_set_deterministic)
+        self._sim = SimPause(
+            self, self.cfg.pause_service, self.cfg.resume_service, self.cfg.pause_service_type
+        )
+        steady = Clock(clock_type=ClockType.STEADY_TIME)
+        # Step deadlines follow the node clock (a paused simulator drops nothing); the
+        # watchdog follows the steady clock (it must fire even when sim time stops).
+        self.create_timer(min(0.05, self.cfg.step_timeout / 4.0), self._check_step_deadline)
+        self.create_timer(min(0.1, self.cfg.obs_timeout / 2.0), self._watchdog, clock=steady)
+        self.create_timer(1.0, self._publish_status, clock=steady)
+        self.create_timer(0.01, self._poll_pause, clock=steady)
+        self.get_logger().info(
+            f"ready: {self.num_envs} envs x obs {self.obs_dim} -> action {self.action_dim}, "
+            f"rollout {agent_cfg.num_steps} steps, iteration {self.agent.iteration}, "
+            f"BLAS: {blas_description()}"
+        )
+
+    @property
+    def finished(self) -> bool:
+        return self.state is State.FINISHED
+
+    # Message callbacks: convert, validate, hand over.
+
+    def _read(self, kind: str, reader: Any, msg: Any, *shape: int) -> np.ndarray | None:
+        try:
+            return reader(msg, *shape)
+        except MessageError as error:
+            self.counters[f"rejected_{kind}s"] += 1
+            self.get_logger().warning(
+                f"rejected {kind} ({self.counters[f'rejected_{kind}s']} so far): {error.reason}",
+                throttle_duration_sec=_WARN_PERIOD,
+            )
+            return None
+
+    def _on_observation(self, msg: Float32MultiArray, info: dict[str, Any]) -> None:
+        obs = self._read("observation", read_matrix, msg, self.num_envs, self.obs_dim)
+        if obs is None:
+            return
+        stamp = info["received_timestamp"]
+        self._latest_obs = (obs, stamp)
+        self._last_obs_time = time.monotonic()
+        self._watchdog_tripped = False
+        if self.state is State.WAITING:
+            self.state = State.COLLECTING
+        if self.state in (State.COLLECTING, State.EPISODE_END):
+            self._handle(self.sync.on_observation(obs, stamp))
+
+    def _on_reward(self, msg: Float32MultiArray, info: dict[str, Any]) -> None:
+        reward = self._read("reward", read_vector, msg, self.num_envs)
+        if reward is not None and self.state in (State.COLLECTING, State.EPISODE_END):
+            self._handle(self.sync.on_reward(reward, info["received_timestamp"]))
+
+    def _on_done(self, msg: UInt8MultiArray, info: dict[str, Any]) -> None:
+        done = self._read("done", read_done_codes, msg, self.num_envs)
+        if done is not None and self.state in (State.COLLECTING, State.EPISODE_END):
+            self._handle(self.sync.on_done(done, info["received_timestamp"]))
+
+    # Stepping.
+
+    def _handle(self, result: Transition | np.ndarray | None) -> None:
+        if result is None:
+            return
+        if isinstance(result, np.ndarray):
+            self._act_on(result, self._latest_obs[1] if self._latest_obs else 0)
+            return
+        self.stats.add(result.reward, result.done)
+        if self.state is State.COLLECTING and self._learning:
+            if self.agent.record(result.obs, result.action, result.reward, result.done):
+                self._bootstrap_obs = result.next_obs
+                if self.cfg.update_trigger == "episode_end":
+                    self.state = State.EPISODE_END
+                    self._episode_end_pending[:] = True
+                    self._episode_end_deadline = self._now() + self.cfg.episode_end_timeout
+                else:
+                    self._begin_update()
+                    return
+        elif self.state is State.EPISODE_END:
+            self._episode_end_pending &= result.done == 0
+            if not self._episode_end_pending.any() or self._now() > self._episode_end_deadline:
+                self._begin_update()
+                return
+        self._act_on(result.next_obs, self.sync.last_obs_stamp)
+
+    @property
+    def _learning(self) -> bool:
+        return self.cfg.training and not self.cfg.deterministic
+
+    def _act_on(self, obs: np.ndarray, stamp: int) -> None:
+        actions = self.agent.act(obs, deterministic=self.cfg.deterministic)
+        self._action_pub.publish(self._to_msg(self.actions(actions), ("env", "action")))
+        self.sync.action_sent(obs, actions, stamp, self._now())
+
+    def _publish_safe_action(self) -> None:
+        self._action_pub.publish(self._to_msg(self.actions.safe, ("env", "action")))
+        self.counters["safe_actions_published"] += 1
+
+    def _now(self) -> float:
+        return self.get_clock().now().nanoseconds * 1e-9
+
+    def _cut_segment(self) -> None:
+        """The step stream broke: no return is computed across the gap."""
+        self.agent.cut()
+        self.stats.cut()
+
+    def _check_step_deadline(self) -> None:
+        if self.sync.expired(self._now()):
+            self._cut_segment()
+            self.get_logger().warning(
+                f"step not completed within step_timeout={self.cfg.step_timeout}s: dropped "
+                f"({self.sync.counters['steps_dropped']} so far); the next observation "
+                "starts a new segment",
+                throttle_duration_sec=_WARN_PERIOD,
+            )
+
+    def _watchdog(self) -> None:
+        if self.state not in (State.COLLECTING, State.EPISODE_END) or self._last_obs_time is None:
+            return
+        if time.monotonic() - self._last_obs_time <= self.cfg.obs_timeout:
+            return
+        if not self._watchdog_tripped:
+            self._watchdog_tripped = True
+            self.counters["watchdog_trips"] += 1
+            if self.sync.awaiting_step:
+                self.sync.reset()
+                self.sync.counters["steps_dropped"] += 1
+                self._cut_segment()
+            self.get_logger().warning(
+                f"no observation for {self.cfg.obs_timeout}s: "
+                + ("publishing the safe action" if self.cfg.watchdog_safe_action else "waiting")
+            )
+        if self.cfg.watchdog_safe_action:
+            self._publish_safe_action()
+
+    # Updating.
+
+    def _begin_update(self) -> None:
+        self.state = State.UPDATING
+        self.sync.reset()
+        if self.cfg.update_safe_action:
+            self._publish_safe_action()
+        self._publish_status()
+        future = self._sim.pause()
+        if future is None:
+            self._run_update()
+        else:
+            self._pause_wait = (future, time.monotonic() + self.cfg.service_timeout)
+
+    def _poll_pause(self) -> None:
+        if self._pause_wait is None:
+            return
+        future, deadline = self._pause_wait
+        if future.done() or time.monotonic() > deadline:
+            if not future.done():
+                self.get_logger().warning("simulator pause did not answer: updating anyway")
+            self._pause_wait = None
+            self._run_update()
+
+    def _run_update(self) -> None:
+        assert self._bootstrap_obs is not None
+        metrics = self.agent.update(self._bootstrap_obs)
+        self._report_iteration(metrics)
+        interval = self.cfg.checkpoint_interval
+        if interval and self.agent.iteration % interval == 0:
+            self.save("interval")
+        self._sim.resume()
+        restart = self._drain_queued()
+        if restart is None and self._latest_obs is not None:
+            restart = self._latest_obs
+        if self.cfg.max_iterations and self.agent.iteration >= self.cfg.max_iterations:
+            self.save("max_iterations reached")
+            self.state = State.FINISHED
+            self.get_logger().info(f"finished {self.agent.iteration} iterations")
+            return
+        self.state = State.COLLECTING
+        self._last_obs_time = time.monotonic()
+        if restart is not None:
+            self._act_on(*restart)
+
+    def _drain_queued(self) -> tuple[np.ndarray, int] | None:
+        """Discard what arrived during the update; return the newest valid observation.
+
+        The executor could only deliver these after the update, mixed with the
+        responses to the action that restarts collection; taking them here keeps
+        them out of the buffer.
+        """
+        newest: tuple[np.ndarray, int] | None = None
+        subscriptions: list[Subscription[Any]] = [self._obs_sub, self._reward_sub, self._done_sub]
+        for sub in subscriptions:
+            while (taken := _take(sub)) is not None:
+                msg, info = taken
+                self.counters["discarded_during_update"] += 1
+                if sub is self._obs_sub:
+                    try:
+                        obs = read_matrix(msg, self.num_envs, self.obs_dim)
+                    except MessageError:
+                        continue
+                    newest = (obs, info["received_timestamp"])
+        if newest is not None:
+            self._latest_obs = newest
+        return newest
+
+    def _report_iteration(self, metrics: dict[str, float]) -> None:
+        start, steps = self._iteration_start
+        now = time.perf_counter()
+        rate = (self.agent.env_steps - steps) / max(now - start, 1e-9)
+        self._iteration_start = (now, self.agent.env_steps)
+        values = {
+            "env_steps": float(self.agent.env_steps),
+            "mean_return": self.stats.mean_return,
+            "mean_length": self.stats.mean_length,
+            "episodes": float(self.stats.episodes),
+            "steps_per_s": rate,
+            **metrics,
+            **{k: float(v) for k, v in self.sync.counters.items()},
+            **{k: float(v) for k, v in self.counters.items()},
+        }
+        self.last_metrics = values
+        self._log.write(self.agent.iteration, values)
+        self._publish_diagnostics(values)
+        self.get_logger().info(
+            f"iter {self.agent.iteration:5d} | steps {self.agent.env_steps:8d} | "
+            f"return {self.stats.mean_return:9.2f} | len {self.stats.mean_length:6.1f} | "
+            f"{rate:7.0f} steps/s | update {metrics['update_time']:5.2f}s | "
+            f"kl {metrics['approx_kl']:.4f} lr {metrics['learning_rate']:.1e} | "
+            f"dropped {self.sync.counters['steps_dropped']} "
+            f"rejected {sum(v for k, v in self.counters.items() if k.startswith('rejected'))}"
+        )
+
+    def _publish_diagnostics(self, values: dict[str, float]) -> None:
+        problems = self.sync.counters["steps_dropped"] + self.counters["rejected_observations"]
+        status = DiagnosticStatus(
+            level=DiagnosticStatus.WARN if problems else DiagnosticStatus.OK,
+            name=f"{self.get_fully_qualified_name()}: training",
+            message=f"iteration {self.agent.iteration}",
+            hardware_id=self.get_fully_qualified_name(),
+            values=[KeyValue(key=k, value=f"{v:.6g}") for k, v in values.items()],
+        )
+        diagnostics = DiagnosticArray(status=[status])
+        diagnostics.header.stamp = self.get_clock().now().to_msg()
+        self._diag_pub.publish(diagnostics)
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "state": self.state.value,
+            "iteration": self.agent.iteration,
+            "env_steps": self.agent.env_steps,
+            "buffer_steps": self.agent.buffer.step,
+            "training": self.cfg.training,
+            "deterministic": self.cfg.deterministic,
+            "mean_return": self.stats.mean_return,
+            **self.sync.counters,
+            **self.counters,
+        }
+
+    def _publish_status(self) -> None:
+        self._status_pub.publish(String(data=json.dumps(self.status())))
+
+    # Services and checkpoints.
+
+    def save(self, reason: str) -> Path:
+        """Write the training checkpoint (and ``latest``); returns the iteration's file."""
+        extra = {"reason": reason, "node": self.status()}
+        path = self._checkpoint_dir / f"checkpoint_{self.agent.iteration:06d}.safetensors"
+        save_checkpoint(path, self.agent, extra)
+        save_checkpoint(self._checkpoint_dir / "latest.safetensors", self.agent, extra)
+        self.get_logger().info(f"checkpoint saved ({reason}): {path}")
+        return path
+
+    def _srv_save(self, _request: Trigger.Request, response: Trigger.Response) -> Any:
+        try:
+            response.message = str(self.save("service call"))
+            response.success = True
+        except OSError as error:
+            response.success, response.message = False, f"saving failed: {error}"
+        return response
+
+    def _srv_set_training(self, request: SetBool.Request, response: SetBool.Response) -> Any:
+        if self.cfg.training and not request.data:
+            self.agent.cut()
+        self.cfg.training = bool(request.data)
+        response.success, response.message = True, f"training={self.cfg.training}"
+        return response
+
+    def _srv_set_deterministic(self, request: SetBool.Request, response: SetBool.Response) -> Any:
+        # Mean actions are not samples of the policy: PPO must not learn from them.
+        if request.data and not self.cfg.deterministic:
+            self.agent.cut()
+        self.cfg.deterministic = bool(request.data)
+        response.success, response.message = True, f"deterministic={self.cfg.deterministic}"
+        return response
+
+    def close(self) -> None:
+        """Save on the way out (shutdown, signal, or the last iteration)."""
+        if self.state is not State.FINISHED and self.agent.iteration > 0:
+            try:
+                self.save("shutdown")
+            except OSError as error:
+                self.get_logger().error(f"could not save the checkpoint on shutdown: {error}")
+        self._log.close()
+
+
+def _take(sub: Subscription[Any]) -> tuple[Any, dict[str, Any]] | None:
+    """Take one queued message with its info, as the executor itself does."""
+    with sub.handle:
+        return sub.handle.take_message(sub.msg_type, sub.raw)
+
+
+def main(args: list[str] | None = None) -> None:
+    rclpy.init(args=args)
+    node: TrainerNode | None = None
+    code = 0
+    try:
+        node = TrainerNode()
+        executor = SingleThreadedExecutor()
+        executor.add_node(node)
+        while not node.finished:
+            executor.spin_once(timeout_sec=0.2)
+    except ConfigError as error:
+        rclpy.logging.get_logger(NODE_NAME).fatal(f"cannot start: {error}")
+        code = 2
+    except (KeyboardInterrupt, ExternalShutdownException):
+        pass
+    finally:
+        if node is not None:
+            node.close()
+            node.destroy_node()
+        rclpy.try_shutdown()
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()
