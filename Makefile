@@ -11,8 +11,8 @@ PIP_VERSION := 26.3
 SETUP_STAMP := $(VENV)/.unilab-setup-stamp
 BENCH_STAMP := $(VENV)/.unilab-bench-stamp
 
-# `pip install torch` on Linux fetches the CUDA build from PyPI; a CPU-only machine can
-# pass TORCH_PIP_ARGS='--extra-index-url https://download.pytorch.org/whl/cpu'.
+# `pip install torch` on Linux fetches the CUDA build from PyPI; TORCH_PIP_ARGS passes
+# extra pip options (e.g. a CPU-only index) to that one install.
 TORCH_PIP_ARGS ?=
 
 # Learning tests run a bounded version under CI (any CI value but empty, 0 or false);

@@ -91,10 +91,12 @@ def _plain(value: Any) -> Any:
     return list(value) if hasattr(value, "tolist") or isinstance(value, tuple) else value
 
 
+_TYPE_NAMES = {bool: "bool", int: "integer", float: "float", str: "string"}
+
+
 def _type_name(value: Any) -> str:
     if isinstance(value, list):
-        inner = _type_name(value[0]) if value else "value"
+        inner = _TYPE_NAMES.get(type(value[0]), "value") if value else "value"
         return f"a list of {inner}s"
-    return {bool: "a bool", int: "an integer", float: "a float", str: "a string"}.get(
-        type(value), type(value).__name__
-    )
+    name = _TYPE_NAMES.get(type(value), type(value).__name__)
+    return f"an {name}" if name[0] in "aeiou" else f"a {name}"

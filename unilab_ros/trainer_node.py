@@ -105,6 +105,8 @@ class TrainerNode(Node):
         self.state = State.WAITING
         self.last_metrics: dict[str, float] = {}
         self._latest_obs: tuple[np.ndarray, int] | None = None
+        self._acted_stamp = 0
+        """Reception stamp of the observation the latest action answered."""
         self._bootstrap_obs: np.ndarray | None = None
         self._episode_end_pending = np.zeros(self.num_envs, bool)
         self._episode_end_deadline = 0.0
@@ -208,7 +210,8 @@ class TrainerNode(Node):
                 else:
                     self._begin_update()
                     return
-        elif self.state is State.EPISODE_END:
+        # Not elif: an env whose episode ends on the step that fills the rollout has ended.
+        if self.state is State.EPISODE_END:
             self._episode_end_pending &= result.done == 0
             if not self._episode_end_pending.any() or self._now() > self._episode_end_deadline:
                 self._begin_update()
@@ -223,6 +226,7 @@ class TrainerNode(Node):
         actions = self.agent.act(obs, deterministic=self.cfg.deterministic)
         self._action_pub.publish(self._to_msg(self.actions(actions), ("env", "action")))
         self.sync.action_sent(obs, actions, stamp, self._now())
+        self._acted_stamp = stamp
 
     def _publish_safe_action(self) -> None:
         self._action_pub.publish(self._to_msg(self.actions.safe, ("env", "action")))
@@ -245,6 +249,11 @@ class TrainerNode(Node):
                 "starts a new segment",
                 throttle_duration_sec=_WARN_PERIOD,
             )
+            # The environment waits for an action at the state it published last: when
+            # that came after the dropped step's observation, act on it now rather than
+            # leave the robot to the watchdog (or stalled, with watchdog_safe_action off).
+            if self._latest_obs is not None and self._latest_obs[1] > self._acted_stamp:
+                self._act_on(*self._latest_obs)
 
     def _watchdog(self) -> None:
         if self.state not in (State.COLLECTING, State.EPISODE_END) or self._last_obs_time is None:

@@ -58,6 +58,12 @@ class PPOAgent:
         cfg.validate()
         self.cfg = cfg
         self.ppo_cfg = ppo_cfg or PPOConfig()
+        rollout = cfg.num_envs * cfg.num_steps
+        if self.ppo_cfg.num_mini_batches > rollout:
+            raise ValueError(
+                f"ppo.num_mini_batches={self.ppo_cfg.num_mini_batches} exceeds the "
+                f"{rollout} samples of a rollout (num_envs x num_steps)"
+            )
         self.model_cfg = model_cfg or ModelConfig()
         mx.random.seed(cfg.seed)
         self.model = MLPActorCritic(cfg.obs_dim, cfg.action_dim, self.model_cfg)

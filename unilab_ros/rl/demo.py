@@ -27,7 +27,7 @@ class PendulumSetup:
 
     agent: AgentConfig = field(
         default_factory=lambda: AgentConfig(
-            num_envs=16, obs_dim=3, action_dim=1, num_steps=64, reward_scale=0.1
+            num_envs=16, obs_dim=3, action_dim=1, num_steps=128, reward_scale=0.1
         )
     )
     model: ModelConfig = field(
@@ -38,12 +38,10 @@ class PendulumSetup:
     ppo: PPOConfig = field(
         default_factory=lambda: PPOConfig(
             num_learning_epochs=10,
-            num_mini_batches=4,
+            num_mini_batches=32,
             gamma=0.95,
-            learning_rate=1e-3,
+            learning_rate=3e-4,
             use_clipped_value_loss=False,
-            schedule="adaptive",
-            adaptive_kl_beta=0.0,
         )
     )
     actions: ActionConfig = field(
@@ -91,7 +89,7 @@ def train(
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--env-id", default="Pendulum-v1")
-    parser.add_argument("--iterations", type=int, default=150)
+    parser.add_argument("--iterations", type=int, default=75)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     setup = PendulumSetup()

@@ -1,0 +1,142 @@
+"""Checkpoints: exact round trip, bit-exact resume, atomic writes, no pickle."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import unilab_ros.rl  # noqa: F401 - loads the optimized BLAS before mlx
+from unilab_ros.rl.agent import AgentConfig, PPOAgent
+from unilab_ros.rl.checkpoint import (
+    Checkpoint,
+    CheckpointError,
+    arrays_equal,
+    export_policy,
+    load_policy,
+    restore_agent,
+    save_checkpoint,
+)
+from unilab_ros.rl.model import ModelConfig
+from unilab_ros.rl.ppo import PPOConfig
+
+SIZES = AgentConfig(num_envs=3, obs_dim=4, action_dim=2, num_steps=5, seed=7)
+
+
+def make_agent(schedule: str = "adaptive") -> PPOAgent:
+    return PPOAgent(
+        SIZES,
+        ModelConfig(actor_hidden_dims=[16], critic_hidden_dims=[16]),
+        PPOConfig(num_mini_batches=2, num_learning_epochs=2, schedule=schedule),
+    )
+
+
+def run_iterations(agent: PPOAgent, iterations: int, seed: int) -> list[np.ndarray]:
+    """Drive the agent on deterministic synthetic data; return the actions it took."""
+    rng = np.random.default_rng(seed)
+    taken = []
+    for _ in range(iterations):
+        obs = rng.standard_normal((SIZES.num_envs, SIZES.obs_dim)).astype(np.float32)
+        while not agent.rollout_full:
+            actions = agent.act(obs)
+            taken.append(actions)
+            rewards = -np.square(actions).sum(axis=1)
+            dones = (rng.random(SIZES.num_envs) < 0.2).astype(np.uint8)
+            agent.record(obs, actions, rewards, dones)
+            obs = rng.standard_normal(obs.shape).astype(np.float32)
+        agent.update(obs)
+    return taken
+
+
+def test_round_trip_restores_everything_exactly(tmp_path: Path) -> None:
+    agent = make_agent()
+    run_iterations(agent, 2, seed=1)
+    path = save_checkpoint(tmp_path / "ckpt", agent, {"note": "x"})
+    assert path.name == "ckpt.safetensors"
+
+    fresh = make_agent()
+    restore_agent(fresh, Checkpoint(path))
+    assert arrays_equal(agent.model.parameters(), fresh.model.parameters())
+    assert arrays_equal(agent.trainer.optimizer.state, fresh.trainer.optimizer.state)
+    assert arrays_equal(agent.trainer.schedule_state, fresh.trainer.schedule_state)
+    assert fresh.iteration == agent.iteration == 2
+    assert fresh.env_steps == agent.env_steps
+    assert Checkpoint(path).extra == {"note": "x"}
+    normalizer_count = float(fresh.model.normalizer.count.item())
+    assert normalizer_count == SIZES.num_envs * SIZES.num_steps * 2
+
+
+def test_resume_continues_bit_exactly(tmp_path: Path) -> None:
+    straight = make_agent()
+    run_iterations(straight, 2, seed=3)
+    path = save_checkpoint(tmp_path / "mid", straight)
+    actions_straight = run_iterations(straight, 2, seed=4)
+
+    resumed = make_agent()
+    restore_agent(resumed, Checkpoint(path))
+    actions_resumed = run_iterations(resumed, 2, seed=4)
+
+    for a, b in zip(actions_straight, actions_resumed, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert arrays_equal(straight.model.parameters(), resumed.model.parameters())
+    assert arrays_equal(straight.trainer.optimizer.state, resumed.trainer.optimizer.state)
+
+
+def test_policy_export_loads_for_inference_only(tmp_path: Path) -> None:
+    agent = make_agent()
+    run_iterations(agent, 1, seed=5)
+    path = export_policy(tmp_path / "policy.safetensors", agent)
+    model, checkpoint = load_policy(path)
+    obs = np.ones((2, SIZES.obs_dim), np.float32)
+    import mlx.core as mx
+
+    np.testing.assert_array_equal(
+        np.array(model.policy(mx.array(obs))), np.array(agent.model.policy(mx.array(obs)))
+    )
+    with pytest.raises(CheckpointError, match="policy export"):
+        restore_agent(make_agent(), checkpoint)
+
+
+def test_mismatched_model_is_refused(tmp_path: Path) -> None:
+    path = save_checkpoint(tmp_path / "a", make_agent())
+    other = PPOAgent(SIZES, ModelConfig(actor_hidden_dims=[32], critic_hidden_dims=[16]))
+    with pytest.raises(CheckpointError, match="another shape"):
+        restore_agent(other, Checkpoint(path))
+
+
+def test_unreadable_files_raise_checkpoint_error(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError, match="no checkpoint"):
+        Checkpoint(tmp_path / "missing.safetensors")
+    garbage = tmp_path / "garbage.safetensors"
+    garbage.write_bytes(b"\x00not a safetensors file")
+    with pytest.raises(CheckpointError):
+        Checkpoint(garbage)
+
+
+def test_failed_write_keeps_the_previous_checkpoint(tmp_path: Path, monkeypatch) -> None:
+    agent = make_agent()
+    path = save_checkpoint(tmp_path / "latest", agent)
+    before = path.read_bytes()
+    run_iterations(agent, 1, seed=6)
+
+    import mlx.core as mx
+
+    def crash(file: str, arrays: dict, metadata: dict) -> None:
+        Path(file).write_bytes(b"partial")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(mx, "save_safetensors", crash)
+    with pytest.raises(OSError, match="disk full"):
+        save_checkpoint(tmp_path / "latest", agent)
+    assert path.read_bytes() == before
+    assert sorted(os.listdir(tmp_path)) == ["latest.safetensors"]
+
+
+def test_checkpoint_code_never_unpickles() -> None:
+    package = Path(unilab_ros.rl.__file__).resolve().parent.parent
+    pattern = re.compile(r"import pickle|pickle\.loads?\(|cloudpickle|allow_pickle=True")
+    offenders = [p for p in package.rglob("*.py") if pattern.search(p.read_text())]
+    assert offenders == []
