@@ -107,6 +107,7 @@ class TrainerNode(Node):
         self._latest_obs: tuple[np.ndarray, int] | None = None
         self._acted_stamp = 0
         """Reception stamp of the observation the latest action answered."""
+        self._acted_by_sampling = False
         self._bootstrap_obs: np.ndarray | None = None
         self._episode_end_pending = np.zeros(self.num_envs, bool)
         self._episode_end_deadline = 0.0
@@ -200,7 +201,7 @@ class TrainerNode(Node):
             self._act_on(result, self._latest_obs[1] if self._latest_obs else 0)
             return
         self.stats.add(result.reward, result.done)
-        if self.state is State.COLLECTING and self._learning:
+        if self.state is State.COLLECTING and self._learning and self._acted_by_sampling:
             if self.agent.record(result.obs, result.action, result.reward, result.done):
                 self._bootstrap_obs = result.next_obs
                 if self.cfg.update_trigger == "episode_end":
@@ -227,6 +228,9 @@ class TrainerNode(Node):
         self._action_pub.publish(self._to_msg(self.actions(actions), ("env", "action")))
         self.sync.action_sent(obs, actions, stamp, self._now())
         self._acted_stamp = stamp
+        # A mean action is no sample of the policy: PPO must not learn from its step,
+        # even if deterministic mode is switched off before the step completes.
+        self._acted_by_sampling = not self.cfg.deterministic
 
     def _publish_safe_action(self) -> None:
         self._action_pub.publish(self._to_msg(self.actions.safe, ("env", "action")))

@@ -1,0 +1,586 @@
+"""TrainerNode with real rclpy: the test plays the environment, by hand, in the same executor.
+
+Each test builds the trainer with parameter_overrides in a private Context, next to a
+fake environment node whose publishers the test drives one message at a time. Sizes are
+tiny (2 envs x obs 3 -> action 1, 4-step rollouts) so an update takes milliseconds.
+The subprocess tests load the shipped YAML files and check the exit codes of `main()`.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import rclpy
+from rclpy.executors import SingleThreadedExecutor
+from rclpy.parameter import Parameter
+from std_msgs.msg import Float32MultiArray, Float64MultiArray, UInt8MultiArray
+from std_srvs.srv import SetBool, Trigger
+
+from unilab_ros.messages import read_matrix, to_float32_msg, to_uint8_msg
+from unilab_ros.rl.checkpoint import Checkpoint
+from unilab_ros.trainer_node import TrainerNode
+
+pytestmark = pytest.mark.ros
+
+PACKAGE_ROOT = Path(__file__).resolve().parents[1]
+NUM_ENVS, OBS_DIM, ACTION_DIM, NUM_STEPS = 2, 3, 1, 4
+SAFE = 0.25
+"""The safe action: distinct from 0 so the test can tell it from a policy action."""
+WAIT_S = 5.0
+PARTS = ("reward", "done", "obs")
+
+
+def small_params(**overrides) -> dict:
+    params = {
+        "num_envs": NUM_ENVS,
+        "obs_dim": OBS_DIM,
+        "action_dim": ACTION_DIM,
+        "num_steps": NUM_STEPS,
+        "safe_action": [SAFE],
+        "tensorboard": False,
+        # Long timeouts by default: only the tests about them shorten them.
+        "step_timeout": 10.0,
+        "obs_timeout": 10.0,
+        "model.actor_hidden_dims": [8],
+        "model.critic_hidden_dims": [8],
+        "ppo.num_mini_batches": 1,
+        "ppo.num_learning_epochs": 2,
+    }
+    params.update(overrides)
+    return params
+
+
+class FakeEnv:
+    """A trainer plus a hand-driven environment node, spun by one executor."""
+
+    def __init__(self, context: rclpy.Context, **overrides) -> None:
+        params = small_params(**overrides)
+        self.trainer = TrainerNode(
+            context=context,
+            parameter_overrides=[Parameter(name, value=value) for name, value in params.items()],
+        )
+        self.node = rclpy.create_node("fake_env", context=context)
+        self.obs_pub = self.node.create_publisher(Float32MultiArray, "observation", 100)
+        self.reward_pub = self.node.create_publisher(Float32MultiArray, "reward", 100)
+        self.done_pub = self.node.create_publisher(UInt8MultiArray, "done", 100)
+        action_type = (
+            Float64MultiArray if params.get("action_msg_type") == "float64" else Float32MultiArray
+        )
+        self.action_msgs: list = []
+        self.action_sub = self.node.create_subscription(
+            action_type, "action", self.action_msgs.append, 100
+        )
+        self.executor = SingleThreadedExecutor(context=context)
+        self.executor.add_node(self.trainer)
+        self.executor.add_node(self.node)
+        self.rng = np.random.default_rng(0)
+        self.closed = False
+        assert self.spin_until(
+            lambda: all(
+                pub.get_subscription_count() > 0
+                for pub in (self.obs_pub, self.reward_pub, self.done_pub)
+            )
+            and self.action_sub.get_publisher_count() > 0
+        ), "the trainer and the fake env did not discover each other"
+
+    # Spinning.
+
+    def spin_until(self, predicate, timeout: float = WAIT_S) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if predicate():
+                return True
+            self.executor.spin_once(timeout_sec=0.01)
+        return bool(predicate())
+
+    def spin_for(self, seconds: float) -> None:
+        self.spin_until(lambda: False, timeout=seconds)
+
+    # Messages.
+
+    @property
+    def actions(self) -> list[np.ndarray]:
+        return [read_matrix(msg, NUM_ENVS, ACTION_DIM) for msg in self.action_msgs]
+
+    def new_obs(self) -> np.ndarray:
+        return self.rng.normal(size=(NUM_ENVS, OBS_DIM)).astype(np.float32)
+
+    def publish(self, part: str, value) -> None:
+        if part == "reward":
+            self.reward_pub.publish(to_float32_msg(np.asarray(value, np.float32), ("env",)))
+        elif part == "done":
+            self.done_pub.publish(to_uint8_msg(np.asarray(value, np.uint8), ("env",)))
+        else:
+            self.obs_pub.publish(to_float32_msg(np.asarray(value, np.float32), ("env", "obs")))
+
+    def part_received(self, part: str) -> bool:
+        # White-box on purpose: waiting for the synchroniser to hold each part is what makes
+        # the arrival order the one the test asks for (DDS would otherwise reorder topics).
+        pending = self.trainer.sync._pending
+        field = {"reward": "reward", "done": "done", "obs": "next_obs"}[part]
+        return pending is not None and getattr(pending, field) is not None
+
+    def start(self, obs: np.ndarray | None = None) -> np.ndarray:
+        """Publish the first observation; returns the action that answers it."""
+        obs = self.new_obs() if obs is None else obs
+        count = len(self.action_msgs)
+        self.publish("obs", obs)
+        assert self.spin_until(lambda: len(self.action_msgs) > count), "no first action"
+        return self.actions[-1]
+
+    def step(
+        self,
+        reward=None,
+        done=None,
+        next_obs=None,
+        order=PARTS,
+        expected_actions: int = 1,
+    ) -> np.ndarray:
+        """Publish one step's three parts in ``order``; returns the newest action."""
+        values = {
+            "reward": self.rng.normal(size=NUM_ENVS) if reward is None else reward,
+            "done": np.zeros(NUM_ENVS, np.uint8) if done is None else done,
+            "obs": self.new_obs() if next_obs is None else next_obs,
+        }
+        count = len(self.action_msgs)
+        for part in order[:-1]:
+            self.publish(part, values[part])
+            assert self.spin_until(lambda p=part: self.part_received(p)), f"{part} lost"
+        self.publish(order[-1], values[order[-1]])
+        assert self.spin_until(lambda: len(self.action_msgs) >= count + expected_actions), (
+            f"expected {expected_actions} new action(s) after the step"
+        )
+        return self.actions[-1]
+
+    def call(self, srv_type, name: str, request):
+        client = self.node.create_client(srv_type, f"/unilab_trainer/{name}")
+        try:
+            assert self.spin_until(client.service_is_ready), f"no service {name}"
+            future = client.call_async(request)
+            assert self.spin_until(future.done), f"{name} did not answer"
+            return future.result()
+        finally:
+            self.node.destroy_client(client)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.executor.shutdown()
+        self.trainer.close()
+        self.trainer.destroy_node()
+        self.node.destroy_node()
+
+
+@pytest.fixture
+def context():
+    context = rclpy.Context()
+    rclpy.init(context=context)
+    yield context
+    rclpy.try_shutdown(context=context)
+
+
+@pytest.fixture
+def make_env(context, tmp_path):
+    made = []
+
+    def make(**overrides) -> FakeEnv:
+        overrides.setdefault("checkpoint_dir", str(tmp_path / "checkpoints"))
+        made.append(FakeEnv(context, **overrides))
+        return made[-1]
+
+    yield make
+    for env in made:
+        env.close()
+
+
+def is_safe(action: np.ndarray) -> bool:
+    return bool(np.all(action == np.float32(SAFE)))
+
+
+# Stepping and the synchroniser.
+
+
+def test_every_message_order_stores_the_right_steps_and_updates(make_env, tmp_path):
+    env = make_env()
+    first_obs = env.new_obs()
+    sent_actions = [env.start(first_obs)]
+    observations, rewards = [first_obs], []
+    orders = [PARTS, ("obs", "done", "reward"), ("done", "obs", "reward")]
+    for t, order in enumerate(orders):
+        reward, next_obs = env.rng.normal(size=NUM_ENVS), env.new_obs()
+        action = env.step(reward=reward, next_obs=next_obs, order=order)
+        assert not is_safe(action)
+        assert env.trainer.agent.buffer.step == t + 1
+        sent_actions.append(action)
+        observations.append(next_obs)
+        rewards.append(reward)
+    buffer = env.trainer.agent.buffer
+    for t in range(len(orders)):
+        # Each stored step pairs the observation acted on, that action and its reward.
+        np.testing.assert_array_equal(buffer.observations[t], observations[t])
+        np.testing.assert_allclose(
+            np.clip(buffer.actions[t], -1.0, 1.0), sent_actions[t], rtol=1e-6
+        )
+        np.testing.assert_allclose(buffer.rewards[t], rewards[t], rtol=1e-6)
+    assert env.trainer.agent.iteration == 0
+
+    # The fourth step fills the rollout: safe action, update, then a fresh action.
+    count = len(env.action_msgs)
+    env.step(order=("reward", "obs", "done"), expected_actions=2)
+    assert env.trainer.agent.iteration == 1
+    assert is_safe(env.actions[count]) and not is_safe(env.actions[count + 1])
+    assert env.trainer.agent.buffer.step == 0
+    assert env.trainer.sync.counters["steps_completed"] == NUM_STEPS
+    assert env.trainer.sync.counters["steps_dropped"] == 0
+    assert env.trainer.last_metrics["env_steps"] == NUM_STEPS * NUM_ENVS
+    metrics_csv = (tmp_path / "checkpoints" / "metrics.csv").read_text().splitlines()
+    assert len(metrics_csv) == 2, "a header and one row per iteration"
+    # Collection goes on into the next rollout.
+    env.step()
+    assert env.trainer.agent.buffer.step == 1
+
+
+def test_a_missing_reward_drops_the_step_after_step_timeout(make_env):
+    env = make_env(step_timeout=0.3)
+    env.start()
+    env.step()
+    assert env.trainer.agent.buffer.step == 1
+    count = len(env.action_msgs)
+    env.publish("done", np.zeros(NUM_ENVS, np.uint8))
+    next_obs = env.new_obs()
+    env.publish("obs", next_obs)
+    assert env.spin_until(lambda: env.trainer.sync.counters["steps_dropped"] == 1, timeout=3.0)
+    assert env.trainer.agent.buffer.step == 1, "the incomplete step is not stored"
+    # The segment is cut: the last stored step is bootstrapped as a time-out.
+    assert env.trainer.agent.buffer.dones[0].tolist() == [2, 2]
+    # The environment waits for an action at next_obs: the trainer acts on it.
+    assert env.spin_until(lambda: len(env.action_msgs) > count, timeout=2.0)
+    env.step()
+    assert env.trainer.agent.buffer.step == 2
+    np.testing.assert_array_equal(env.trainer.agent.buffer.observations[1], next_obs)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        Float32MultiArray(data=[0.0] * (NUM_ENVS * OBS_DIM - 1)),
+        Float32MultiArray(data=[0.0] * (NUM_ENVS * OBS_DIM - 1) + [float("nan")]),
+        Float32MultiArray(data=[float("inf")] + [0.0] * (NUM_ENVS * OBS_DIM - 1)),
+    ],
+    ids=["wrong_length", "nan", "inf"],
+)
+def test_bad_observations_are_rejected_without_action_or_storage(make_env, bad):
+    env = make_env()
+    # Before collection started: nothing to act on.
+    env.obs_pub.publish(bad)
+    assert env.spin_until(lambda: env.trainer.counters["rejected_observations"] == 1)
+    env.spin_for(0.1)
+    assert env.action_msgs == []
+    env.start()
+    # With an action outstanding: a bad observation must not complete the step.
+    env.publish("reward", np.ones(NUM_ENVS))
+    env.publish("done", np.zeros(NUM_ENVS))
+    env.obs_pub.publish(bad)
+    assert env.spin_until(lambda: env.trainer.counters["rejected_observations"] == 2)
+    env.spin_for(0.1)
+    assert len(env.action_msgs) == 1
+    assert env.trainer.agent.buffer.step == 0
+    assert env.trainer.sync.counters["steps_completed"] == 0
+    env.publish("obs", env.new_obs())
+    assert env.spin_until(lambda: len(env.action_msgs) == 2)
+    assert env.trainer.agent.buffer.step == 1
+
+
+def test_bad_rewards_and_done_codes_are_rejected(make_env):
+    env = make_env()
+    env.start()
+    env.reward_pub.publish(Float32MultiArray(data=[float("nan"), 0.0]))
+    env.done_pub.publish(UInt8MultiArray(data=[0, 7]))
+    assert env.spin_until(
+        lambda: env.trainer.counters["rejected_rewards"] == 1
+        and env.trainer.counters["rejected_dones"] == 1
+    )
+    env.step()
+    assert env.trainer.agent.buffer.step == 1
+    assert np.isfinite(env.trainer.agent.buffer.rewards[0]).all()
+
+
+@pytest.mark.parametrize("use_sim_time", [False, True])
+def test_the_watchdog_sends_the_safe_action_after_obs_timeout(make_env, use_sim_time):
+    # Under sim time with no /clock the node clock stands still: the watchdog must not.
+    env = make_env(obs_timeout=0.3, use_sim_time=use_sim_time)
+    env.start()
+    started = time.monotonic()
+    assert env.spin_until(lambda: env.trainer.counters["watchdog_trips"] == 1, timeout=3.0)
+    assert time.monotonic() - started >= 0.25
+    assert env.spin_until(lambda: len(env.action_msgs) >= 3, timeout=2.0), (
+        "the safe action repeats while the silence lasts"
+    )
+    assert all(is_safe(action) for action in env.actions[1:])
+    assert env.trainer.counters["watchdog_trips"] == 1, "one trip per silence"
+    assert env.trainer.sync.counters["steps_dropped"] == 1
+    # The next observation starts a new segment.
+    count = len(env.action_msgs)
+    env.publish("obs", env.new_obs())
+    assert env.spin_until(lambda: len(env.action_msgs) > count)
+    assert not is_safe(env.actions[count])
+    assert env.trainer.status()["state"] == "collecting"
+
+
+# Services.
+
+
+def test_save_checkpoint_service_writes_a_loadable_checkpoint(make_env):
+    env = make_env()
+    env.start()
+    for _ in range(NUM_STEPS):
+        env.step(expected_actions=1)
+    assert env.spin_until(lambda: env.trainer.agent.iteration == 1)
+    response = env.call(Trigger, "save_checkpoint", Trigger.Request())
+    assert response.success, response.message
+    checkpoint = Checkpoint(response.message)
+    assert checkpoint.kind == "training"
+    assert checkpoint.iteration == 1
+    assert checkpoint.agent_cfg.num_envs == NUM_ENVS
+    assert checkpoint.model_cfg.actor_hidden_dims == [8]
+    assert checkpoint.extra["reason"] == "service call"
+    assert (Path(response.message).parent / "latest.safetensors").is_file()
+
+
+def test_set_training_false_acts_without_storing(make_env):
+    env = make_env()
+    env.start()
+    env.step()
+    assert env.trainer.agent.buffer.step == 1
+    response = env.call(SetBool, "set_training", SetBool.Request(data=False))
+    assert response.success and not env.trainer.cfg.training
+    for _ in range(NUM_STEPS + 1):
+        assert not is_safe(env.step())
+    assert env.trainer.agent.buffer.step == 1
+    assert env.trainer.agent.iteration == 0
+    env.call(SetBool, "set_training", SetBool.Request(data=True))
+    env.step()
+    assert env.trainer.agent.buffer.step == 2
+
+
+def test_set_deterministic_gives_the_mean_action(make_env):
+    env = make_env()
+    env.start()
+    x, y = env.new_obs(), env.new_obs()
+    sampled = [env.step(next_obs=x), env.step(next_obs=y), env.step(next_obs=x)]
+    assert not np.array_equal(sampled[0], sampled[2]), "sampled actions differ"
+    stored = env.trainer.agent.buffer.step
+    response = env.call(SetBool, "set_deterministic", SetBool.Request(data=True))
+    assert response.success
+    # The action outstanding was sampled: its step completes, then the mean actions begin.
+    env.step(next_obs=y)
+    first, _, second = env.step(next_obs=x), env.step(next_obs=y), env.step(next_obs=x)
+    np.testing.assert_array_equal(first, second)
+    expected = env.trainer.actions(env.trainer.agent.act(x, deterministic=True))
+    np.testing.assert_allclose(first, expected, rtol=1e-6)
+    # Mean actions are not samples of the policy: no step is stored from the switch on.
+    assert env.trainer.agent.buffer.step == stored
+
+
+def test_float64_actions(make_env):
+    env = make_env(action_msg_type="float64")
+    action = env.start()
+    assert isinstance(env.action_msgs[0], Float64MultiArray)
+    assert action.shape == (NUM_ENVS, ACTION_DIM) and np.all(np.abs(action) <= 1.0)
+    env.step()
+    assert env.trainer.agent.buffer.step == 1
+
+
+# Updates.
+
+
+def test_messages_queued_during_the_update_are_discarded(make_env):
+    env = make_env()
+    env.start()
+    for _ in range(NUM_STEPS - 1):
+        env.step()
+    # The last step's parts and a whole further step are all queued before the executor
+    # runs: the update starts inside the callback that completes the rollout, while the
+    # further step still waits in the subscriptions' queues.
+    late_obs = env.new_obs()
+    for part, value in (
+        ("reward", np.zeros(NUM_ENVS)),
+        ("done", np.zeros(NUM_ENVS)),
+        ("obs", env.new_obs()),
+        ("obs", late_obs),
+        ("reward", np.ones(NUM_ENVS)),
+        ("done", np.zeros(NUM_ENVS)),
+    ):
+        env.publish(part, value)
+    time.sleep(0.3)
+    count = len(env.action_msgs)
+    assert env.spin_until(lambda: env.trainer.agent.iteration == 1)
+    assert env.spin_until(lambda: len(env.action_msgs) >= count + 2)
+    assert env.trainer.counters["discarded_during_update"] == 3
+    assert is_safe(env.actions[count]) and not is_safe(env.actions[count + 1])
+    # Collection restarted on the newest observation, with a fresh action.
+    env.step()
+    np.testing.assert_array_equal(env.trainer.agent.buffer.observations[0], late_obs)
+    assert env.trainer.agent.buffer.step == 1
+    assert env.trainer.sync.counters["duplicate_messages"] == 0
+
+
+def test_episode_end_trigger_waits_for_every_env_to_end(make_env):
+    env = make_env(update_trigger="episode_end")
+    env.start()
+    for _ in range(NUM_STEPS):
+        env.step()
+    assert env.trainer.status()["state"] == "waiting_for_episode_end"
+    assert env.trainer.agent.iteration == 0 and env.trainer.agent.buffer.step == NUM_STEPS
+    # Acting goes on without storing; env 1 ending alone is not enough.
+    env.step(done=np.array([0, 1]))
+    env.step(done=np.array([0, 0]))
+    assert env.trainer.agent.iteration == 0
+    count = len(env.action_msgs)
+    env.step(done=np.array([2, 0]), expected_actions=2)
+    assert env.trainer.agent.iteration == 1
+    assert is_safe(env.actions[count]) and not is_safe(env.actions[count + 1])
+    assert env.trainer.status()["state"] == "collecting"
+
+
+def test_episode_end_counts_an_episode_that_ends_on_the_filling_step(make_env):
+    env = make_env(update_trigger="episode_end")
+    env.start()
+    for _ in range(NUM_STEPS - 1):
+        env.step()
+    env.step(done=np.array([1, 0]))
+    env.step(done=np.array([0, 2]), expected_actions=2)
+    assert env.trainer.agent.iteration == 1
+
+
+def test_max_iterations_finishes_and_saves(make_env, tmp_path):
+    env = make_env(max_iterations=1)
+    env.start()
+    for _ in range(NUM_STEPS - 1):
+        env.step()
+    env.step(expected_actions=1)
+    assert env.spin_until(lambda: env.trainer.finished)
+    assert Checkpoint(tmp_path / "checkpoints" / "latest.safetensors").iteration == 1
+    count = len(env.action_msgs)
+    env.publish("obs", env.new_obs())
+    env.spin_for(0.2)
+    assert len(env.action_msgs) == count, "a finished trainer no longer acts"
+
+
+def test_resume_from_continues_the_iteration_count(make_env, tmp_path):
+    env = make_env()
+    env.start()
+    for _ in range(NUM_STEPS):
+        env.step(expected_actions=1)
+    assert env.spin_until(lambda: env.trainer.agent.iteration == 1)
+    path = env.trainer.save("test")
+    env_steps = env.trainer.agent.env_steps
+    env.close()
+
+    resumed = make_env(resume_from=str(path), checkpoint_dir=str(tmp_path / "resumed"))
+    assert resumed.trainer.agent.iteration == 1
+    assert resumed.trainer.agent.env_steps == env_steps
+    resumed.start()
+    for _ in range(NUM_STEPS):
+        resumed.step(expected_actions=1)
+    assert resumed.spin_until(lambda: resumed.trainer.agent.iteration == 2)
+    assert resumed.trainer.agent.env_steps == 2 * env_steps
+
+
+# main(): YAML files and bad parameters, as subprocesses.
+
+
+def _trainer_command(*ros_args: str) -> list[str]:
+    return [sys.executable, "-m", "unilab_ros.trainer_node", "--ros-args", *ros_args]
+
+
+def _subprocess_env(ros_domain_env: dict) -> dict:
+    return dict(
+        ros_domain_env,
+        PYTHONUNBUFFERED="1",
+        PYTHONPATH=os.pathsep.join(
+            filter(None, [str(PACKAGE_ROOT), ros_domain_env.get("PYTHONPATH")])
+        ),
+    )
+
+
+@pytest.mark.parametrize(
+    ("yaml_name", "sizes"),
+    [
+        ("pendulum.yaml", "16 envs x obs 3 -> action 1, rollout 128 steps"),
+        ("trainer.yaml", "1 envs x obs 48 -> action 12, rollout 24 steps"),
+    ],
+)
+def test_main_starts_from_the_yaml_and_exits_0_on_sigint(
+    ros_domain_env, tmp_path, yaml_name, sizes
+):
+    command = _trainer_command(
+        "--params-file",
+        str(PACKAGE_ROOT / "config" / yaml_name),
+        "-p",
+        f"checkpoint_dir:={tmp_path}",
+        "-p",
+        "tensorboard:=false",
+    )
+    process = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=_subprocess_env(ros_domain_env),
+        cwd=tmp_path,
+    )
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(process.stdout), daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 30.0
+        while time.monotonic() < deadline and process.poll() is None:
+            if any("ready:" in line for line in lines):
+                break
+            time.sleep(0.05)
+        ready = [line for line in lines if "ready:" in line]
+        assert ready, "".join(lines)
+        assert sizes in ready[0]
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=5.0) == 0, "".join(lines)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        reader.join(timeout=5.0)
+    assert "Traceback" not in "".join(lines)
+
+
+@pytest.mark.parametrize(
+    ("argument", "reason"),
+    [
+        ("num_envs:=-1", "num_envs must be >= 1"),
+        ("model.activation:=foo", "activation 'foo' unknown"),
+        ("ppo.learning_rate:=1", "'ppo.learning_rate' must be a float"),
+        ("update_trigger:=sometimes", "update_trigger must be one of"),
+        ("resume_from:=/nonexistent.safetensors", "no checkpoint at"),
+    ],
+)
+def test_main_exits_2_with_a_one_line_reason_on_a_bad_parameter(
+    ros_domain_env, tmp_path, argument, reason
+):
+    result = subprocess.run(
+        _trainer_command("-p", argument, "-p", f"checkpoint_dir:={tmp_path}"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=_subprocess_env(ros_domain_env),
+        cwd=tmp_path,
+    )
+    assert result.returncode == 2, result.stdout + result.stderr
+    output = (result.stdout + result.stderr).strip().splitlines()
+    assert "Traceback" not in result.stderr
+    assert len(output) == 1 and reason in output[0], output
