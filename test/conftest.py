@@ -8,6 +8,9 @@ import os
 
 import pytest
 
+# Before any test module imports mlx: the core loads the optimized BLAS ahead of it.
+import unilab_ros.rl  # noqa: F401
+
 os.environ.setdefault('ROS_AUTOMATIC_DISCOVERY_RANGE', 'LOCALHOST')
 # Linux allows domain ids 0..101 (UDP port arithmetic); 0 is everyone's default.
 os.environ.setdefault('ROS_DOMAIN_ID', str(1 + os.getpid() % 100))

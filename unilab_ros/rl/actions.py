@@ -41,10 +41,10 @@ class ActionMapper:
 
 def _per_dim(name: str, values: list[float], action_dim: int) -> np.ndarray:
     array = np.asarray(values, np.float32).reshape(-1)
+    if not np.all(np.isfinite(array)):
+        raise ValueError(f"{name} must be finite")
     if array.size == 1:
         return np.full(action_dim, array[0], np.float32)
     if array.size != action_dim:
         raise ValueError(f"{name} needs 1 or action_dim={action_dim} values, got {array.size}")
-    if not np.all(np.isfinite(array)):
-        raise ValueError(f"{name} must be finite")
     return array

@@ -1,0 +1,87 @@
+"""ActionMapper (scale, then clip, per dim) and EpisodeStats (returns, lengths, cut)."""
+
+import math
+
+import numpy as np
+import pytest
+
+from unilab_ros.rl.actions import ActionConfig, ActionMapper
+from unilab_ros.rl.episodes import EpisodeStats
+
+
+def test_scales_then_clips_per_dim():
+    cfg = ActionConfig(
+        action_scale=[2.0, 0.5, -1.0],
+        action_low=[-1.0, -10.0, 0.0],
+        action_high=[1.0, 10.0, 3.0],
+        safe_action=[0.0, 0.0, 1.0],
+    )
+    mapper = ActionMapper(cfg, num_envs=2, action_dim=3)
+    policy = np.array([[0.25, 4.0, -2.0], [3.0, -40.0, 1.0]])
+    commands = mapper(policy)
+    # Row 0: 0.5 inside, 2.0 inside, 2.0 inside; row 1: 6 -> 1, -20 -> -10, -1 -> 0.
+    np.testing.assert_array_equal(commands, [[0.5, 2.0, 2.0], [1.0, -10.0, 0.0]])
+    assert commands.dtype == np.float32
+    np.testing.assert_array_equal(mapper.safe, [[0.0, 0.0, 1.0], [0.0, 0.0, 1.0]])
+
+
+def test_single_values_apply_to_every_dim():
+    cfg = ActionConfig(action_scale=[2.0], action_low=[-2.0], action_high=[2.0])
+    mapper = ActionMapper(cfg, num_envs=1, action_dim=4)
+    np.testing.assert_array_equal(mapper(np.array([[-3.0, -0.5, 0.5, 3.0]])), [[-2, -1, 1, 2]])
+    np.testing.assert_array_equal(mapper.safe, np.zeros((1, 4)))
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        pytest.param({"action_low": [1.0], "action_high": [-1.0]}, id="low-above-high"),
+        pytest.param({"action_low": [-1.0, 2.0], "action_high": [1.0, 1.0]}, id="one-dim"),
+        pytest.param({"action_scale": [1.0, 2.0, 3.0]}, id="too-many-scales"),
+        pytest.param({"action_low": [-1.0, -1.0, -1.0]}, id="too-many-lows"),
+        pytest.param({"action_high": [1.0, float("nan")]}, id="nan-per-dim"),
+        # A single value is broadcast to every dim, so it must be checked just the same:
+        # a NaN limit would turn every command into NaN.
+        pytest.param({"action_high": [float("nan")]}, id="nan-single"),
+        pytest.param({"action_scale": [float("inf")]}, id="inf-single"),
+        pytest.param({"safe_action": [5.0]}, id="safe-outside"),
+    ],
+)
+def test_bad_limits_rejected(fields):
+    with pytest.raises(ValueError):
+        ActionMapper(ActionConfig(**fields), num_envs=1, action_dim=2)
+
+
+def test_episode_returns_and_lengths_for_both_done_codes():
+    stats = EpisodeStats(num_envs=2)
+    # env 0 ends by termination (1) after 2 steps, env 1 by time-out (2) after 3 steps.
+    stats.add(np.array([1.0, 10.0]), np.array([0, 0]))
+    stats.add(np.array([2.0, 20.0]), np.array([1, 0]))
+    stats.add(np.array([4.0, 30.0]), np.array([0, 2]))
+    assert list(stats.finished_returns) == [3.0, 60.0]
+    assert list(stats.finished_lengths) == [2, 3]
+    assert stats.episodes == 2
+    # env 0's next episode started fresh after its termination.
+    stats.add(np.array([8.0, 1.0]), np.array([2, 0]))
+    assert list(stats.finished_returns) == [3.0, 60.0, 12.0]
+    assert list(stats.finished_lengths) == [2, 3, 2]
+    assert stats.mean_return == pytest.approx(25.0)
+    assert stats.mean_length == pytest.approx(7.0 / 3.0)
+
+
+def test_cut_forgets_episodes_in_progress():
+    stats = EpisodeStats(num_envs=2)
+    stats.add(np.array([5.0, 5.0]), np.array([0, 0]))
+    stats.cut()
+    stats.add(np.array([1.0, 2.0]), np.array([1, 1]))
+    assert list(stats.finished_returns) == [1.0, 2.0]
+    assert list(stats.finished_lengths) == [1, 1]
+
+
+def test_window_keeps_the_latest_episodes_and_empty_means_are_nan():
+    stats = EpisodeStats(num_envs=1, window=2)
+    assert math.isnan(stats.mean_return) and math.isnan(stats.mean_length)
+    for reward in (1.0, 2.0, 3.0):
+        stats.add(np.array([reward]), np.array([1]))
+    assert list(stats.finished_returns) == [2.0, 3.0]
+    assert stats.episodes == 3
