@@ -1,11 +1,17 @@
 """Samples/s of one PPO update phase: unilab_ros (MLX) against rsl_rl (PyTorch CPU).
 
-One update phase is what runs between two rollouts: the last values and GAE returns,
-then 5 epochs x 4 mini-batches of the clipped-surrogate PPO step. Both trainers get
-the same synthetic rollout, the same network sizes and weights, and the same loss
-terms (clipped value loss, entropy bonus, gradient clip 1.0, KL-adaptive learning
-rate with desired_kl 0.01 decided on every mini-batch). Each is timed after one
-warm-up phase (ours may JIT-compile then); the median of the repeats is reported.
+One update phase is what runs between two rollouts: the values of the last
+observations, GAE returns, then 5 epochs x 4 mini-batches of the clipped-surrogate
+step. Both trainers get the same synthetic rollout, the same network sizes and
+initial weights, and the same loss terms (clipped value loss, entropy bonus, gradient
+clip 1.0, KL-adaptive learning rate with desired_kl 0.01 decided on every
+mini-batch). Each is timed after one warm-up phase (ours may JIT-compile then); the
+timed phases of the two alternate, so load from other processes hits both alike, and
+the median of the repeats is reported.
+
+rsl_rl runs in a child process that never imports unilab_ros or mlx: the OpenBLAS
+that unilab_ros loads globally for MLX would otherwise also take over PyTorch's sgemm
+and fight its OpenMP threads (10x slower here), which no rsl_rl user would see.
 
 The last line reads ``ppo_update ratio_robot=<x> ratio_small=<y>`` where a ratio is
 rsl_rl's seconds over ours (above 1: ours is faster). Without torch / rsl-rl-lib
@@ -18,20 +24,16 @@ import argparse
 import math
 import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-import unilab_ros.rl  # noqa: F401 - loads the optimized BLAS before mlx is imported
-import mlx.core as mx  # noqa: I001 - must follow unilab_ros.rl
-
-from unilab_ros.rl.buffer import TERMINATED, RolloutBuffer
-from unilab_ros.rl.distributions import diag_gaussian_log_prob
-from unilab_ros.rl.model import MLPActorCritic, ModelConfig
-from unilab_ros.rl.ppo import PPOConfig, PPOTrainer
 
 EPOCHS = 5
 MINI_BATCHES = 4
@@ -45,6 +47,7 @@ LEARNING_RATE = 1e-3
 MAX_GRAD_NORM = 1.0
 DESIRED_KL = 0.01
 INIT_STD = 1.0
+TERMINATION_RATE = 0.02
 
 
 @dataclass(frozen=True)
@@ -63,77 +66,42 @@ class Size:
         return self.num_envs * self.num_steps
 
 
-SIZES = (
-    Size("robot", 256, 24, 48, 12, (512, 256, 128)),
-    Size("small", 16, 64, 3, 1, (64, 64)),
-)
+SIZES = {
+    "robot": Size("robot", 256, 24, 48, 12, (512, 256, 128)),
+    "small": Size("small", 16, 64, 3, 1, (64, 64)),
+}
 
 
-@dataclass
-class Rollout:
-    """A synthetic rollout as numpy arrays shaped (T, N, ...), and the next observation."""
-
-    obs: np.ndarray
-    actions: np.ndarray
-    rewards: np.ndarray
-    dones: np.ndarray
-    values: np.ndarray
-    log_probs: np.ndarray
-    mean: np.ndarray
-    std: np.ndarray
-    last_obs: np.ndarray
+def time_call(phase: Callable[[], Any]) -> float:
+    start = time.perf_counter()
+    phase()
+    return time.perf_counter() - start
 
 
-def make_model(size: Size) -> MLPActorCritic:
-    cfg = ModelConfig(
+# ---- ours (MLX), in this process ------------------------------------------------------
+
+
+def build_ours(size: Size, data_path: Path) -> Callable[[], Any]:
+    """Our trainer on a synthetic rollout; writes the rollout and weights to ``data_path``."""
+    # unilab_ros.rl loads the optimized BLAS, so it must come before mlx.
+    import unilab_ros.rl  # noqa: F401, I001
+    import mlx.core as mx
+
+    from unilab_ros.rl.buffer import TERMINATED, RolloutBuffer
+    from unilab_ros.rl.distributions import diag_gaussian_log_prob
+    from unilab_ros.rl.model import MLPActorCritic, ModelConfig
+    from unilab_ros.rl.ppo import PPOConfig, PPOTrainer
+
+    mx.random.seed(0)
+    model_cfg = ModelConfig(
         actor_hidden_dims=list(size.hidden),
         critic_hidden_dims=list(size.hidden),
         activation="elu",
         init_noise_std=INIT_STD,
         normalize_observations=False,
     )
-    return MLPActorCritic(size.obs_dim, size.action_dim, cfg)
-
-
-def make_rollout(size: Size, model: MLPActorCritic, seed: int = 0) -> Rollout:
-    """Random observations and rewards, ~2% terminations, policy outputs from ``model``."""
-    rng = np.random.default_rng(seed)
-    shape = (size.num_steps, size.num_envs)
-    obs = rng.standard_normal((*shape, size.obs_dim), dtype=np.float32)
-    flat = mx.array(obs.reshape(size.samples, size.obs_dim))
-    mean, std, log_std = model.distribution_params(flat)
-    noise = mx.array(rng.standard_normal((size.samples, size.action_dim), dtype=np.float32))
-    actions = mean + std * noise
-    log_probs = diag_gaussian_log_prob(actions, mean, log_std)
-    values = model.value(flat)
-    return Rollout(
-        obs=obs,
-        actions=np.array(actions).reshape(*shape, size.action_dim),
-        rewards=rng.standard_normal(shape, dtype=np.float32),
-        dones=np.where(rng.random(shape) < 0.02, TERMINATED, 0).astype(np.uint8),
-        values=np.array(values).reshape(shape),
-        log_probs=np.array(log_probs).reshape(shape),
-        mean=np.array(mean).reshape(*shape, size.action_dim),
-        std=np.array(std).reshape(*shape, size.action_dim),
-        last_obs=rng.standard_normal((size.num_envs, size.obs_dim), dtype=np.float32),
-    )
-
-
-def time_phases(phase: Callable[[], Any], repeats: int) -> tuple[float, float]:
-    """(seconds of the first, warm-up call; median seconds of ``repeats`` further calls)."""
-    start = time.perf_counter()
-    phase()
-    first = time.perf_counter() - start
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        phase()
-        times.append(time.perf_counter() - start)
-    return first, statistics.median(times)
-
-
-def ours_phase(size: Size, model: MLPActorCritic, rollout: Rollout) -> Callable[[], Any]:
-    cfg = PPOConfig(
+    model = MLPActorCritic(size.obs_dim, size.action_dim, model_cfg)
+    ppo_cfg = PPOConfig(
         num_learning_epochs=EPOCHS,
         num_mini_batches=MINI_BATCHES,
         clip_param=CLIP,
@@ -151,28 +119,56 @@ def ours_phase(size: Size, model: MLPActorCritic, rollout: Rollout) -> Callable[
         adaptive_lr_decay=1.5,
         adaptive_lr_growth=1.5,
     )
-    trainer = PPOTrainer(model, cfg)
+    trainer = PPOTrainer(model, ppo_cfg)
+
+    # Random observations and rewards, a few terminations, the model's own policy outputs.
+    rng = np.random.default_rng(0)
+    shape = (size.num_steps, size.num_envs)
+    obs = rng.standard_normal((*shape, size.obs_dim), dtype=np.float32)
+    flat_obs = mx.array(obs.reshape(size.samples, size.obs_dim))
+    mean, std, log_std = model.distribution_params(flat_obs)
+    noise = rng.standard_normal((size.samples, size.action_dim), dtype=np.float32)
+    actions = mean + std * mx.array(noise)
+    data = {
+        "obs": obs,
+        "actions": np.array(actions).reshape(*shape, size.action_dim),
+        "rewards": rng.standard_normal(shape, dtype=np.float32),
+        "dones": np.where(rng.random(shape) < TERMINATION_RATE, TERMINATED, 0).astype(np.uint8),
+        "values": np.array(model.value(flat_obs)).reshape(shape),
+        "log_probs": np.array(diag_gaussian_log_prob(actions, mean, log_std)).reshape(shape),
+        "mean": np.array(mean).reshape(*shape, size.action_dim),
+        "std": np.array(std).reshape(*shape, size.action_dim),
+        "last_obs": rng.standard_normal((size.num_envs, size.obs_dim), dtype=np.float32),
+        "std_param": np.array(model.std),
+    }
+    for net_name, net in (("actor", model.actor), ("critic", model.critic)):
+        for index, layer in enumerate(net.layers):
+            data[f"{net_name}.{index}.weight"] = np.array(layer.weight)
+            data[f"{net_name}.{index}.bias"] = np.array(layer.bias)
+    np.savez(data_path, **data)
+
     buffer = RolloutBuffer(
         size.num_steps, size.num_envs, size.obs_dim, size.action_dim, GAMMA, LAM
     )
-    buffer.observations[:] = rollout.obs
-    buffer.actions[:] = rollout.actions
-    buffer.rewards[:] = rollout.rewards
-    buffer.dones[:] = rollout.dones
-    buffer.step = size.num_steps
-    buffer.set_policy_outputs(rollout.log_probs, rollout.mean, rollout.std, rollout.values)
-    last_obs = mx.array(rollout.last_obs)
+    for _ in range(size.num_steps):
+        t = buffer.step
+        buffer.add(data["obs"][t], data["actions"][t], None, None, None,
+                   data["rewards"][t], data["dones"][t], None)
+    buffer.set_policy_outputs(data["log_probs"], data["mean"], data["std"], data["values"])
+    last_obs = mx.array(data["last_obs"])
 
     def phase() -> dict[str, float]:
-        last_values = np.array(model.value(last_obs))
-        buffer.compute_returns_and_advantages(last_values)
+        buffer.compute_returns_and_advantages(np.array(model.value(last_obs)))
         return trainer.update(buffer)
 
     return phase
 
 
-def rsl_rl_phase(size: Size, model: MLPActorCritic, rollout: Rollout) -> Callable[[], Any]:
-    """rsl_rl's PPO and RolloutStorage built as its OnPolicyRunner builds them."""
+# ---- rsl_rl (PyTorch), in a child process ---------------------------------------------
+
+
+def rsl_rl_worker(data_path: str) -> None:
+    """Build rsl_rl's PPO on the saved rollout; time one phase per 'run' line on stdin."""
     import torch
     from rsl_rl.algorithms import PPO
     from rsl_rl.models import MLPModel
@@ -180,15 +176,25 @@ def rsl_rl_phase(size: Size, model: MLPActorCritic, rollout: Rollout) -> Callabl
     from tensordict import TensorDict
 
     torch.set_num_threads(os.cpu_count() or 1)
-    obs = TensorDict({"policy": torch.from_numpy(rollout.last_obs)}, batch_size=[size.num_envs])
+    data = {key: torch.from_numpy(value) for key, value in np.load(data_path).items()}
+    num_steps, num_envs, action_dim = data["actions"].shape
+    num_layers = sum(1 for key in data if key.startswith("actor.") and key.endswith(".bias"))
+    hidden = [len(data[f"actor.{index}.bias"]) for index in range(num_layers - 1)]
+    # Built as rsl_rl's OnPolicyRunner / PPO.construct_algorithm builds them.
+    obs = TensorDict({"policy": data["last_obs"]}, batch_size=[num_envs])
     groups = {"actor": ["policy"], "critic": ["policy"]}
     distribution = {"class_name": "GaussianDistribution", "init_std": INIT_STD}
-    actor = MLPModel(obs, groups, "actor", size.action_dim, list(size.hidden), "elu",
+    actor = MLPModel(obs, groups, "actor", action_dim, hidden, "elu",
                      obs_normalization=False, distribution_cfg=distribution)
-    critic = MLPModel(obs, groups, "critic", 1, list(size.hidden), "elu",
-                      obs_normalization=False)
-    copy_weights(model, actor, critic)
-    storage = RolloutStorage("rl", size.num_envs, size.num_steps, obs, [size.action_dim])
+    critic = MLPModel(obs, groups, "critic", 1, hidden, "elu", obs_normalization=False)
+    with torch.no_grad():
+        for name, net in (("actor", actor), ("critic", critic)):
+            linears = [m for m in net.mlp if isinstance(m, torch.nn.Linear)]
+            for index, linear in enumerate(linears):
+                linear.weight.copy_(data[f"{name}.{index}.weight"])
+                linear.bias.copy_(data[f"{name}.{index}.bias"])
+        actor.distribution.std_param.copy_(data["std_param"])
+    storage = RolloutStorage("rl", num_envs, num_steps, obs, [action_dim])
     algorithm = PPO(
         actor,
         critic,
@@ -207,85 +213,134 @@ def rsl_rl_phase(size: Size, model: MLPActorCritic, rollout: Rollout) -> Callabl
         desired_kl=DESIRED_KL,
     )
     algorithm.train_mode()
-    storage.observations["policy"].copy_(torch.from_numpy(rollout.obs))
-    storage.actions.copy_(torch.from_numpy(rollout.actions))
-    storage.rewards.copy_(torch.from_numpy(rollout.rewards)[..., None])
-    storage.dones.copy_(torch.from_numpy(rollout.dones)[..., None])
-    storage.values.copy_(torch.from_numpy(rollout.values)[..., None])
-    storage.actions_log_prob.copy_(torch.from_numpy(rollout.log_probs)[..., None])
-    storage.distribution_params = (torch.from_numpy(rollout.mean), torch.from_numpy(rollout.std))
+    storage.observations["policy"].copy_(data["obs"])
+    storage.actions.copy_(data["actions"])
+    storage.rewards.copy_(data["rewards"][..., None])
+    storage.dones.copy_(data["dones"][..., None])
+    storage.values.copy_(data["values"][..., None])
+    storage.actions_log_prob.copy_(data["log_probs"][..., None])
+    storage.distribution_params = (data["mean"], data["std"])
 
     def phase() -> dict[str, float]:
-        # update() clears the storage (rewinds its cursor); the data stays.
-        storage.step = size.num_steps
+        # update() ends with storage.clear(), which only rewinds the cursor.
+        storage.step = num_steps
         algorithm.compute_returns(obs)
         return algorithm.update()
 
-    return phase
+    print("ready", flush=True)
+    for line in sys.stdin:
+        if line.strip() != "run":
+            break
+        print(f"{time_call(phase):.9f}", flush=True)
 
 
-def copy_weights(model: MLPActorCritic, actor: Any, critic: Any) -> None:
-    """Give rsl_rl's MLPModels the MLX model's weights (both store Linear as (out, in))."""
-    import torch
+class RslRlProcess:
+    """The rsl_rl worker as a callable phase that returns its own measured seconds."""
 
-    with torch.no_grad():
-        for ours, theirs in ((model.actor, actor), (model.critic, critic)):
-            linears = [m for m in theirs.mlp if isinstance(m, torch.nn.Linear)]
-            for layer, linear in zip(ours.layers, linears, strict=True):
-                linear.weight.copy_(torch.from_numpy(np.array(layer.weight)))
-                linear.bias.copy_(torch.from_numpy(np.array(layer.bias)))
-        actor.distribution.std_param.copy_(torch.from_numpy(np.array(model.std)))
+    def __init__(self, data_path: Path) -> None:
+        self._errors = tempfile.TemporaryFile(mode="w+")
+        self._process = subprocess.Popen(
+            [sys.executable, __file__, "--rsl-rl-worker", str(data_path)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._errors,
+            text=True,
+        )
+        self._expect("ready")
+
+    def _expect(self, word: str | None = None) -> str:
+        line = self._process.stdout.readline().strip() if self._process.stdout else ""
+        if not line or (word is not None and line != word):
+            self.close()
+            self._errors.seek(0)
+            lines = [entry for entry in self._errors.read().splitlines() if entry.strip()]
+            raise RuntimeError(lines[-1] if lines else f"worker said {line!r}")
+        return line
+
+    def run(self) -> float:
+        assert self._process.stdin is not None
+        self._process.stdin.write("run\n")
+        self._process.stdin.flush()
+        return float(self._expect())
+
+    def close(self) -> None:
+        if self._process.stdin and not self._process.stdin.closed:
+            self._process.stdin.close()
+        self._process.wait(timeout=60)
 
 
 def rsl_rl_missing() -> str | None:
-    """Why rsl_rl cannot be benchmarked here, or None when it can."""
-    try:
-        import rsl_rl.algorithms  # noqa: F401
-        import tensordict  # noqa: F401
-        import torch  # noqa: F401
-    except Exception as error:  # noqa: BLE001 - any import failure means: skip rsl_rl
-        return f"{type(error).__name__}: {error}"
+    """Why rsl_rl cannot run here (without importing it in this process), or None."""
+    import importlib.util
+
+    for module in ("torch", "tensordict", "rsl_rl"):
+        if importlib.util.find_spec(module) is None:
+            return f"No module named '{module}'"
     return None
 
 
-def bench_size(size: Size, repeats: int, skip_reason: str | None) -> float:
+# ---- the comparison -------------------------------------------------------------------
+
+
+def bench_size(size: Size, repeats: int, skip_reason: str | None, workdir: Path) -> float:
     """Print one size's figures; return rsl_rl seconds / ours (nan when rsl_rl is skipped)."""
     print(
         f"{size.name}: {size.num_envs} envs x {size.num_steps} steps, obs {size.obs_dim}, "
         f"act {size.action_dim}, hidden {list(size.hidden)} ELU, {size.samples} samples, "
         f"{EPOCHS} epochs x {MINI_BATCHES} mini-batches"
     )
-    mx.random.seed(0)
-    model = make_model(size)
-    rollout = make_rollout(size, model)
-    theirs = math.nan
+    data_path = workdir / f"{size.name}.npz"
+    ours_phase = build_ours(size, data_path)
+    from unilab_ros.rl.ppo import PPOConfig
+
+    rsl_rl = None
     if skip_reason is None:
         try:
-            first, theirs = time_phases(rsl_rl_phase(size, model, rollout), repeats)
-        except Exception as error:  # noqa: BLE001 - report and go on without rsl_rl
-            skip_reason = f"{type(error).__name__}: {error}"
-        else:
-            print(f"  rsl_rl {theirs:8.3f} s  {size.samples / theirs:9.0f} samples/s"
-                  f"  (first call {first:.3f} s)")
-    if skip_reason is not None:
+            rsl_rl = RslRlProcess(data_path)
+            their_first = rsl_rl.run()
+        except (OSError, RuntimeError, ValueError) as error:
+            skip_reason, rsl_rl = f"{type(error).__name__}: {error}", None
+    our_first = time_call(ours_phase)
+    theirs, ours = [], []
+    for _ in range(repeats):
+        if rsl_rl is not None:
+            try:
+                theirs.append(rsl_rl.run())
+            except (OSError, RuntimeError, ValueError) as error:
+                skip_reason, rsl_rl = f"{type(error).__name__}: {error}", None
+        ours.append(time_call(ours_phase))
+    if rsl_rl is not None:
+        rsl_rl.close()
+        their_median = statistics.median(theirs)
+        print(f"  rsl_rl {their_median:8.3f} s  {size.samples / their_median:9.0f} samples/s"
+              f"  (first call {their_first:.3f} s, torch threads {os.cpu_count()})")
+    else:
+        their_median = math.nan
         print(f"  rsl_rl skipped: {skip_reason}")
-    compiled = PPOConfig().enable_compile
-    first, ours = time_phases(ours_phase(size, model, rollout), repeats)
-    print(f"  ours   {ours:8.3f} s  {size.samples / ours:9.0f} samples/s"
-          f"  (first call {first:.3f} s, enable_compile={compiled})")
-    ratio = theirs / ours
-    print(f"  ratio  {ratio:.2f}")
+    our_median = statistics.median(ours)
+    print(f"  ours   {our_median:8.3f} s  {size.samples / our_median:9.0f} samples/s"
+          f"  (first call {our_first:.3f} s, enable_compile={PPOConfig().enable_compile})")
+    ratio = their_median / our_median
+    print(f"  ratio  {ratio:.2f}  (rsl_rl s / ours s)")
     return ratio
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=5, help="timed phases per trainer")
+    parser.add_argument("--repeats", type=int, default=7, help="timed phases per trainer")
+    parser.add_argument("--rsl-rl-worker", metavar="NPZ", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.rsl_rl_worker:
+        rsl_rl_worker(args.rsl_rl_worker)
+        return
     skip_reason = rsl_rl_missing()
     if skip_reason is not None:
-        print(f"rsl_rl not importable ({skip_reason}): install the bench deps (make bench)")
-    ratios = {size.name: bench_size(size, args.repeats, skip_reason) for size in SIZES}
+        print(f"rsl_rl not available ({skip_reason}): it is skipped; `make bench` installs it")
+    with tempfile.TemporaryDirectory() as workdir:
+        ratios = {
+            name: bench_size(size, args.repeats, skip_reason, Path(workdir))
+            for name, size in SIZES.items()
+        }
     print(f"ppo_update ratio_robot={ratios['robot']:.2f} ratio_small={ratios['small']:.2f}")
 
 

@@ -136,6 +136,40 @@ def numpy_activation(name: str, x: np.ndarray) -> np.ndarray:
     raise KeyError(name)
 
 
+def numpy_derivative(name: str, x: np.ndarray) -> np.ndarray:
+    if name == "elu":
+        return np.where(x > 0, 1.0, np.exp(x))
+    if name == "relu":
+        return (x > 0).astype(np.float64)
+    if name == "tanh":
+        return 1.0 - np.tanh(x) ** 2
+    if name == "selu":
+        alpha, scale = 1.6732632423543772, 1.0507009873554805
+        return scale * np.where(x > 0, 1.0, alpha * np.exp(x))
+    if name == "gelu":
+        cdf = 0.5 * (1.0 + np.vectorize(math.erf)(x / math.sqrt(2.0)))
+        return cdf + x * np.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
+    if name == "silu":
+        sigmoid = 1.0 / (1.0 + np.exp(-x))
+        return sigmoid * (1.0 + x * (1.0 - sigmoid))
+    if name == "leaky_relu":
+        return np.where(x > 0, 1.0, 0.01)
+    if name == "softplus":
+        return 1.0 / (1.0 + np.exp(-x))
+    raise KeyError(name)
+
+
+# Wide and fine: far negative (where exp underflows), around 0 (where exp(x) - 1
+# cancels), and the usual range; 0 itself is left out (relu's kink).
+ACTIVATION_INPUTS = np.concatenate(
+    [
+        -np.geomspace(100.0, 1e-7, 200),
+        np.geomspace(1e-7, 20.0, 200),
+        np.linspace(-6.0, 6.0, 241)[np.linspace(-6.0, 6.0, 241) != 0.0],
+    ]
+).astype(np.float32)
+
+
 DOCUMENTED_ACTIVATIONS = ["elu", "relu", "tanh", "selu", "gelu", "silu", "leaky_relu", "softplus"]
 
 
@@ -156,6 +190,24 @@ def test_every_activation_is_applied_between_layers(name):
             x = numpy_activation(name, x)
     np.testing.assert_allclose(np.array(model.policy(obs)), x, rtol=1e-4, atol=1e-6)
     assert np.all(np.isfinite(np.array(model.value(obs))))
+
+
+@pytest.mark.parametrize("name", sorted(ACTIVATIONS))
+def test_activation_values_and_gradients(name):
+    # The ELU is hand-written for speed (polynomial exp, custom vjp): hold it to a few ulp.
+    # The others are mlx's, whose gelu (erf approximation) and selu (5-digit constants)
+    # are good to about 1e-6.
+    rtol, atol = (2e-6, 1e-7) if name == "elu" else (1e-5, 1e-6)
+    activation = ACTIVATIONS[name]
+    x = mx.array(ACTIVATION_INPUTS)
+    x64 = ACTIVATION_INPUTS.astype(np.float64)
+    np.testing.assert_allclose(
+        np.array(activation(x)), numpy_activation(name, x64), rtol=rtol, atol=atol
+    )
+    gradient = mx.grad(lambda v: mx.sum(activation(v)))(x)
+    np.testing.assert_allclose(
+        np.array(gradient), numpy_derivative(name, x64), rtol=rtol, atol=atol
+    )
 
 
 def test_observations_are_normalized_when_enabled():

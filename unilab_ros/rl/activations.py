@@ -1,14 +1,114 @@
-"""Hidden-layer activations by name."""
+"""Hidden-layer activations by name, and a fast ELU for MLX's CPU backend.
+
+On mlx-cpu, ``exp`` runs one scalar libm call per element (~15 ns) while add,
+multiply, min/max and integer ops are vectorized (~0.25 ns), and ``where`` is slow
+as well. ``nn.elu`` (``where(x > 0, x, exp(x) - 1)``) costs ~20 ms on a 1536x512
+batch here and dominates a PPO update at robot sizes. ``elu`` below computes the
+same function from vectorized ops only (~4x faster), and its gradient from its
+output, so the backward pass needs no exp and no saved input.
+"""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 import mlx.core as mx
 import mlx.nn as nn
 
+_LOG = logging.getLogger(__name__)
+
+_LOG2E = 1.4426950408889634
+# ln 2 split in two (Cody-Waite): n * _LN2_HI is exact for the |n| < 2**8 used here.
+_LN2_HI = 0.693359375
+_LN2_LO = -2.12194440e-4
+# Adding 1.5 * 2**23 to a float32 of magnitude < 2**22 rounds it to an integer, which
+# then sits in the low mantissa bits: bits(_ROUND + n) == _ROUND_BITS + n.
+_ROUND = 12582912.0
+_ROUND_BITS = 0x4B400000
+_FLOAT_BIAS = 127
+_MANTISSA_BITS = 23
+# Cephes expf: exp(r) = 1 + r + r**2 * P(r) on |r| <= ln(2) / 2, within 1 ulp.
+_EXP_POLY = (
+    1.9875691500e-4,
+    1.3981999507e-3,
+    8.3334519073e-3,
+    4.1665795894e-2,
+    1.6666665459e-1,
+    5.0000001201e-1,
+)
+# Below this, 2**n would be subnormal; exp(x) - 1 has long rounded to -1 in float32.
+_EXP_MIN_INPUT = -87.0
+
+
+def expm1_nonpositive(x: mx.array) -> mx.array:
+    """``exp(x) - 1`` for float32 ``x <= 0``, from vectorized ops only.
+
+    exp(x) = 2**n * exp(r) with n = round(x / ln 2) and |r| <= ln(2) / 2; exp(r) - 1
+    is a polynomial, 2**n is built in the exponent bits. Writing the result as
+    ``2**n * (exp(r) - 1) + (2**n - 1)`` keeps full relative precision near 0 (where
+    ``exp(x) - 1`` cancels). Measured against float64 over all negative float32
+    inputs: relative error below 1e-7 (within 1 ulp), absolute below 5e-8.
+    Positive inputs are not supported (they are treated as 0).
+    """
+    x = mx.clip(x, _EXP_MIN_INPUT, 0.0)
+    shifted = x * _LOG2E + _ROUND
+    n = shifted - _ROUND
+    r = (x - n * _LN2_HI) - n * _LN2_LO
+    poly = mx.array(_EXP_POLY[0], x.dtype)
+    for coef in _EXP_POLY[1:]:
+        poly = poly * r + coef
+    exp_r_minus_1 = poly * (r * r) + r
+    exponent = shifted.view(mx.int32) - (_ROUND_BITS - _FLOAT_BIAS)
+    scale = mx.left_shift(exponent, _MANTISSA_BITS).view(x.dtype)
+    return scale * exp_r_minus_1 + (scale - 1.0)
+
+
+def _elu_forward_ops(x: mx.array) -> mx.array:
+    return mx.maximum(x, 0.0) + expm1_nonpositive(mx.minimum(x, 0.0))
+
+
+# Compiling fuses the ~25 ops into a few passes over memory (2 ms instead of 7 ms on
+# 1536x512), where the calling graph is not itself being differentiated (inside
+# value_and_grad only a whole compiled step fuses it). The kernels are C++ built by
+# MLX on the first call (~5 s, cached on disk and reused for every shape).
+_elu_forward = mx.compile(_elu_forward_ops)
+
+
+def prepare_elu() -> str | None:
+    """Build the fused ELU kernel now; fall back to plain ops if MLX cannot compile.
+
+    MLX compiles lazily, so a missing C++ compiler would only show at some later
+    evaluation. Returns the error that caused the fallback, or None.
+    """
+    global _elu_forward
+    try:
+        mx.eval(_elu_forward(mx.array([-1.0, 1.0])))
+    except Exception as error:  # noqa: BLE001 - any compile failure means: plain ops
+        _elu_forward = _elu_forward_ops
+        _LOG.warning("fused ELU unavailable, using plain MLX ops: %s", error)
+        return f"{type(error).__name__}: {error}"
+    return None
+
+
+@mx.custom_function
+def elu(x: mx.array) -> mx.array:
+    """ELU with alpha 1: ``x`` for x > 0, ``exp(x) - 1`` otherwise (as ``nn.elu``).
+
+    Same values as ``nn.elu`` for finite inputs (within 6e-8), and its gradient is
+    computed from the output: 1 for x > 0, ``output + 1`` (= exp(x)) otherwise.
+    """
+    return _elu_forward(x)
+
+
+@elu.vjp
+def _elu_vjp(primals: list[mx.array], cotangent: mx.array, output: mx.array) -> mx.array:
+    # Plain ops on purpose: MLX's compiled float minimum is not vectorized (8x slower).
+    return cotangent * (mx.minimum(output, 0.0) + 1.0)
+
+
 ACTIVATIONS: dict[str, Callable[[mx.array], mx.array]] = {
-    "elu": nn.elu,
+    "elu": elu,
     "relu": nn.relu,
     "tanh": mx.tanh,
     "selu": nn.selu,

@@ -10,7 +10,7 @@ from typing import NamedTuple
 import mlx.core as mx
 import mlx.nn as nn
 
-from unilab_ros.rl.activations import ACTIVATIONS
+from unilab_ros.rl.activations import ACTIVATIONS, prepare_elu
 from unilab_ros.rl.distributions import diag_gaussian_log_prob
 from unilab_ros.rl.normalizer import RunningNormalizer
 
@@ -107,6 +107,9 @@ class MLPActorCritic(nn.Module):
         self.obs_dim = obs_dim
         self.action_dim = action_dim
         activation = ACTIVATIONS[cfg.activation]
+        if cfg.activation == "elu":
+            # Outside any transform, so a failing JIT shows here and falls back.
+            prepare_elu()
         self.actor = MLP(obs_dim, cfg.actor_hidden_dims, action_dim, activation, 0.01)
         self.critic = MLP(obs_dim, cfg.critic_hidden_dims, 1, activation, 1.0)
         if cfg.noise_std_type == "scalar":

@@ -121,6 +121,10 @@ class PPOConfig:
             raise ValueError("learning_rate and clip_param must be positive")
         if not 0.0 < self.min_learning_rate <= self.max_learning_rate:
             raise ValueError("need 0 < min_learning_rate <= max_learning_rate")
+        if self.schedule == "adaptive" and self.desired_kl <= 0.0:
+            raise ValueError("desired_kl must be positive under the adaptive schedule")
+        if self.log_ratio_clip <= 0.0:
+            raise ValueError("log_ratio_clip must be positive (0 pins the ratio at 1)")
         if self.warmup_strict_iters < 0 or self.target_kl_stop < 0.0:
             raise ValueError("warmup_strict_iters and target_kl_stop must be >= 0")
 
@@ -146,8 +150,9 @@ class PPOTrainer:
         # The schedule state lives in arrays so the compiled step can update it.
         self.schedule_state = {"kl_ema": mx.array(0.0), "kl_seen": mx.array(False)}
         self._loss_and_grad = nn.value_and_grad(model, self._loss_fn)
-        self._step = self._build_step()
         self.compile_error: str | None = None
+        self._step = self._build_step()
+        self._step_verified = self._step is self._train_step
         self.shuffle_key = mx.random.key(seed)
 
     @property
@@ -161,7 +166,15 @@ class PPOTrainer:
         if not self.cfg.enable_compile:
             return self._train_step
         state = self._state()
-        return mx.compile(self._train_step, inputs=state, outputs=state)
+        try:
+            return mx.compile(self._train_step, inputs=state, outputs=state)
+        except Exception as error:  # noqa: BLE001 - any compile failure falls back to eager
+            self._compile_failed(error)
+            return self._train_step
+
+    def _compile_failed(self, error: Exception) -> None:
+        self.compile_error = f"{type(error).__name__}: {error}"
+        _LOG.warning("mx.compile failed, PPO steps run uncompiled: %s", self.compile_error)
 
     def _loss_fn(
         self, model: MLPActorCritic, batch: dict[str, mx.array]
@@ -254,15 +267,21 @@ class PPOTrainer:
         return loss, metrics, status
 
     def _run_step(self, batch: dict[str, mx.array], adapt: mx.array):
+        if self._step_verified:
+            return self._step(batch, adapt)
+        snapshot = self._snapshot()
         try:
-            return self._step(batch, adapt)
+            outputs = self._step(batch, adapt)
+            # MLX builds compiled kernels lazily: evaluate the first step here, so a JIT
+            # failure (e.g. no C++ compiler) is caught, not raised by a later eval.
+            mx.eval(outputs, self._state())
         except Exception as error:  # noqa: BLE001 - any compile failure falls back to eager
-            if self._step is self._train_step:
-                raise
-            self.compile_error = f"{type(error).__name__}: {error}"
-            _LOG.warning("mx.compile failed, PPO steps run uncompiled: %s", self.compile_error)
+            self._compile_failed(error)
+            self._restore(snapshot)
             self._step = self._train_step
-            return self._step(batch, adapt)
+            outputs = self._step(batch, adapt)
+        self._step_verified = True
+        return outputs
 
     def _snapshot(self) -> tuple[Any, Any, Any]:
         copy = tree_map(lambda x: x, self._state()[1:])
