@@ -59,9 +59,10 @@ test: setup
 demo: setup
 	$(VENV)/bin/sim_train $(DEMO_ARGS)
 
-# Bench-only dependencies: PyTorch and rsl_rl as the reference implementation. rsl-rl-lib
-# goes in without its dependencies (GitPython, onnx, onnxscript serve logging and export,
-# which the benchmarks do not touch).
+# Bench-only dependencies: PyTorch and rsl_rl as the reference implementation. rsl_rl,
+# tensordict and tensorboard go in without their dependencies (GitPython, onnx and the
+# rest serve logging and export, which the benchmarks do not touch); the three small
+# packages after them are what rsl_rl's PPO and storage need to import.
 bench: setup $(BENCH_STAMP)
 	$(PY) bench/ppo_update.py
 	$(PY) bench/act_latency.py
@@ -70,8 +71,8 @@ bench: setup $(BENCH_STAMP)
 # both, or pip would upgrade setuptools past what colcon supports.
 $(BENCH_STAMP): $(SETUP_STAMP)
 	$(PIP) install $(TORCH_PIP_ARGS) torch==2.13.0 setuptools==79.0.1
-	$(PIP) install tensordict==0.15.3 tensorboard==2.21.0
-	$(PIP) install --no-deps rsl-rl-lib==5.5.1
+	$(PIP) install --no-deps rsl-rl-lib==5.5.1 tensordict==0.15.3 tensorboard==2.21.0 \
+	  pyvers==0.2.3 cloudpickle==3.1.3 absl-py==2.5.1
 	touch $@
 
 lint: setup

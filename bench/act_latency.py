@@ -5,8 +5,9 @@ action 12): it publishes the first ``observation`` alone (again every 0.25 s unt
 action comes back), then per step ``reward``, ``done`` and the next ``observation``, and
 waits for the ``action``. A step's latency runs from just before the observation is
 published (the last of the three) to the action callback (``time.perf_counter``). The
-driver spins rclpy's C++ EventsExecutor where rclpy has one (``--executor single``: the
-SingleThreadedExecutor the nodes spin), so that less of its own overhead is counted.
+driver, the echo and the nodes all spin the executor ``unilab_ros.executors`` picks (rclpy's
+EventsExecutor where rclpy has one; ``UNILAB_EXECUTOR=single`` for the classic one), so
+the echo's figures are the ROS + Python overhead the trainer pays too.
 
 Three responders run as processes of their own, each under a namespace on one isolated
 graph (localhost discovery, a domain id of the run's own), and are driven in interleaved
@@ -47,11 +48,12 @@ from typing import Any
 
 import numpy as np
 import rclpy
-from rclpy.executors import Executor, ExternalShutdownException, SingleThreadedExecutor
+from rclpy.executors import Executor, ExternalShutdownException
 from rclpy.node import Node
 from rclpy.utilities import remove_ros_args
 from std_msgs.msg import Float32MultiArray, String, UInt8MultiArray
 
+from unilab_ros.executors import make_executor, spin
 from unilab_ros.metrics_log import read_metrics
 from unilab_ros.sim_train import isolated_ros_env, node_command, stop
 
@@ -127,7 +129,9 @@ def run_echo(ros_args: list[str]) -> None:
     rclpy.init(args=ros_args)
     node = EchoNode()
     try:
-        rclpy.spin(node)
+        executor = make_executor()[0]
+        executor.add_node(node)
+        spin(executor)
     except (KeyboardInterrupt, ExternalShutdownException):
         pass
     finally:
@@ -161,19 +165,6 @@ class Responder:
                 f"{self.name} exited with code {self.process.returncode}; "
                 f"log tail:\n{_tail(self.log)}"
             )
-
-
-def make_executor(kind: str) -> Executor:
-    """The driver's executor: rclpy's C++ EventsExecutor (Kilted on) costs the measuring
-    side least; the SingleThreadedExecutor is what the trainer and the echo spin."""
-    if kind == "events":
-        try:
-            from rclpy.experimental.events_executor import EventsExecutor
-        except ImportError:
-            pass
-        else:
-            return EventsExecutor()
-    return SingleThreadedExecutor()
 
 
 class Driver(Node):
@@ -323,7 +314,7 @@ def measure_latencies(args: argparse.Namespace, env: dict[str, str], folder: Pat
         start("train", trainer_command("train", folder, True, args.num_steps), env, folder),
     ]
     rclpy.init()
-    executor = make_executor(args.executor)
+    executor = make_executor()[0]
     print(f"act_latency: driver executor {type(executor).__name__}", flush=True)
     driver = Driver(responders, args.seed, executor)
     try:
@@ -469,8 +460,6 @@ def main() -> int:
     parser.add_argument("--num-steps", type=int, default=24, help="rollout of the learning pass")
     parser.add_argument("--e2e-iterations", type=int, default=5, help="0 skips the e2e run")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--executor", choices=("events", "single"), default="events",
-                        help="the driver's executor (events falls back to single)")
     parser.add_argument("--domain-id", type=int, default=None)
     parser.add_argument("--startup-timeout", type=float, default=120.0)
     parser.add_argument("--step-timeout", type=float, default=30.0)

@@ -24,6 +24,7 @@ from rclpy.logging import get_logger
 from rclpy.node import Node
 from std_msgs.msg import Float32MultiArray, Float64MultiArray, String, UInt8MultiArray
 
+from unilab_ros.executors import make_executor, spin
 from unilab_ros.messages import (
     MessageError,
     encode_done_codes,
@@ -300,7 +301,9 @@ def main(args: list[str] | None = None) -> None:
     exit_code = 0
     try:
         node = GymEnvNode()
-        rclpy.spin(node)
+        executor = make_executor()[0]
+        executor.add_node(node)
+        spin(executor)
     except GymEnvConfigError as error:
         get_logger(NODE_NAME).fatal(str(error))
         exit_code = CONFIG_ERROR_EXIT_CODE

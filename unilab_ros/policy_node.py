@@ -21,6 +21,7 @@ from rclpy.qos import QoSProfile
 from std_msgs.msg import Float32MultiArray, Float64MultiArray, String
 from std_srvs.srv import SetBool
 
+from unilab_ros.executors import make_executor, spin
 from unilab_ros.messages import MessageError, read_matrix, to_float32_msg, to_float64_msg
 from unilab_ros.params import ConfigError, declare_config, read_config
 from unilab_ros.rl.actions import ActionConfig, ActionMapper
@@ -136,7 +137,9 @@ def main(args: list[str] | None = None) -> None:
     code = 0
     try:
         node = PolicyNode()
-        rclpy.spin(node)
+        executor = make_executor()[0]
+        executor.add_node(node)
+        spin(executor)
     except ConfigError as error:
         rclpy.logging.get_logger(NODE_NAME).fatal(f"cannot start: {error}")
         code = 2

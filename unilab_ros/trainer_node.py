@@ -19,13 +19,14 @@ import numpy as np
 import rclpy
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 from rclpy.clock import Clock, ClockType
-from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
+from rclpy.executors import ExternalShutdownException
 from rclpy.node import Node
 from rclpy.qos import QoSProfile
 from rclpy.subscription import Subscription
 from std_msgs.msg import Float32MultiArray, Float64MultiArray, String, UInt8MultiArray
 from std_srvs.srv import SetBool, Trigger
 
+from unilab_ros.executors import make_executor, spin
 from unilab_ros.messages import (
     MessageError,
     read_done_codes,
@@ -64,7 +65,10 @@ class State(str, Enum):
 class TrainerNode(Node):
     """Online PPO trainer; see the module docstring and DESIGN.md's topic contract."""
 
-    def __init__(self, **kwargs: Any) -> None:
+    def __init__(self, arrival_ordered: bool = False, **kwargs: Any) -> None:
+        """``arrival_ordered``: the executor runs callbacks in arrival order, so the
+        time a callback starts orders messages; else the middleware's reception
+        stamps do (the SingleThreadedExecutor serves topics in its own order)."""
         super().__init__(NODE_NAME, **kwargs)
         for config, prefix in (
             (AgentConfig(), ""),
@@ -126,13 +130,12 @@ class TrainerNode(Node):
         self._action_pub = self.create_publisher(action_type, "action", qos)
         self._status_pub = self.create_publisher(String, "~/status", qos)
         self._diag_pub = self.create_publisher(DiagnosticArray, "/diagnostics", qos)
-        self._obs_sub = self.create_subscription(
-            Float32MultiArray, "observation", self._on_observation, qos
+        subscribe = _stamped_at_entry if arrival_ordered else _stamped_at_reception
+        self._obs_sub = subscribe(
+            self, Float32MultiArray, "observation", self._on_observation, qos
         )
-        self._reward_sub = self.create_subscription(
-            Float32MultiArray, "reward", self._on_reward, qos
-        )
-        self._done_sub = self.create_subscription(UInt8MultiArray, "done", self._on_done, qos)
+        self._reward_sub = subscribe(self, Float32MultiArray, "reward", self._on_reward, qos)
+        self._done_sub = subscribe(self, UInt8MultiArray, "done", self._on_done, qos)
         self.create_service(Trigger, "~/save_checkpoint", self._srv_save)
         self.create_service(SetBool, "~/set_training", self._srv_set_training)
         self.create_service(SetBool, "~/set_deterministic", self._srv_set_deterministic)
@@ -169,11 +172,10 @@ class TrainerNode(Node):
             )
             return None
 
-    def _on_observation(self, msg: Float32MultiArray, info: dict[str, Any]) -> None:
+    def _on_observation(self, msg: Float32MultiArray, stamp: int) -> None:
         obs = self._read("observation", read_matrix, msg, self.num_envs, self.obs_dim)
         if obs is None:
             return
-        stamp = info["received_timestamp"]
         self._latest_obs = (obs, stamp)
         self._last_obs_time = time.monotonic()
         self._watchdog_tripped = False
@@ -182,15 +184,15 @@ class TrainerNode(Node):
         if self.state in (State.COLLECTING, State.EPISODE_END):
             self._handle(self.sync.on_observation(obs, stamp))
 
-    def _on_reward(self, msg: Float32MultiArray, info: dict[str, Any]) -> None:
+    def _on_reward(self, msg: Float32MultiArray, stamp: int) -> None:
         reward = self._read("reward", read_vector, msg, self.num_envs)
         if reward is not None and self.state in (State.COLLECTING, State.EPISODE_END):
-            self._handle(self.sync.on_reward(reward, info["received_timestamp"]))
+            self._handle(self.sync.on_reward(reward, stamp))
 
-    def _on_done(self, msg: UInt8MultiArray, info: dict[str, Any]) -> None:
+    def _on_done(self, msg: UInt8MultiArray, stamp: int) -> None:
         done = self._read("done", read_done_codes, msg, self.num_envs)
         if done is not None and self.state in (State.COLLECTING, State.EPISODE_END):
-            self._handle(self.sync.on_done(done, info["received_timestamp"]))
+            self._handle(self.sync.on_done(done, stamp))
 
     # Stepping.
 
@@ -446,6 +448,32 @@ class TrainerNode(Node):
         self._log.close()
 
 
+def _stamped_at_reception(
+    node: Node, msg_type: type, topic: str, handler: Any, qos: QoSProfile
+) -> Subscription[Any]:
+    """Hand ``handler`` the message and the middleware's reception time (ns)."""
+
+    def callback(msg: Any, info: dict[str, Any]) -> None:
+        handler(msg, info["received_timestamp"])
+
+    return node.create_subscription(msg_type, topic, callback, qos)
+
+
+def _stamped_at_entry(
+    node: Node, msg_type: type, topic: str, handler: Any, qos: QoSProfile
+) -> Subscription[Any]:
+    """Hand ``handler`` the message and the time its callback started (ns).
+
+    rclpy 9's EventsExecutor cannot pass message info; it needs no reception stamp
+    either, since it runs callbacks in arrival order.
+    """
+
+    def callback(msg: Any) -> None:
+        handler(msg, time.time_ns())
+
+    return node.create_subscription(msg_type, topic, callback, qos)
+
+
 def _take(sub: Subscription[Any]) -> tuple[Any, dict[str, Any]] | None:
     """Take one queued message with its info, as the executor itself does."""
     with sub.handle:
@@ -457,11 +485,10 @@ def main(args: list[str] | None = None) -> None:
     node: TrainerNode | None = None
     code = 0
     try:
-        node = TrainerNode()
-        executor = SingleThreadedExecutor()
+        executor, arrival_ordered = make_executor()
+        node = TrainerNode(arrival_ordered=arrival_ordered)
         executor.add_node(node)
-        while not node.finished:
-            executor.spin_once(timeout_sec=0.2)
+        spin(executor, lambda: node.finished)
     except ConfigError as error:
         rclpy.logging.get_logger(NODE_NAME).fatal(f"cannot start: {error}")
         code = 2
