@@ -1,12 +1,13 @@
 """Give every pytest process its own ROS 2 graph, so parallel runs do not cross-talk.
 
-This runs at import time, before any test module imports rclpy: the middleware reads
+This runs at import time, before any test creates an rclpy context: the middleware reads
 the variables when the first context is created. A caller's own settings win.
 """
 
 import os
 
 import pytest
+import rclpy
 
 # Before any test module imports mlx: the core loads the optimized BLAS ahead of it.
 import unilab_ros.rl  # noqa: F401
@@ -20,3 +21,12 @@ os.environ.setdefault('ROS_DOMAIN_ID', str(1 + os.getpid() % 100))
 def ros_domain_env():
     """A copy of the environment that puts a subprocess on this process's ROS 2 graph."""
     return dict(os.environ)
+
+
+@pytest.fixture
+def context():
+    """A private rclpy context, so in-process node tests never share a graph handle."""
+    context = rclpy.Context()
+    rclpy.init(context=context)
+    yield context
+    rclpy.try_shutdown(context=context)

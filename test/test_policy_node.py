@@ -101,14 +101,6 @@ class Harness:
 
 
 @pytest.fixture
-def context():
-    context = rclpy.Context()
-    rclpy.init(context=context)
-    yield context
-    rclpy.try_shutdown(context=context)
-
-
-@pytest.fixture
 def make_harness(context):
     made = []
 

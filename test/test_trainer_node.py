@@ -179,14 +179,6 @@ class FakeEnv:
 
 
 @pytest.fixture
-def context():
-    context = rclpy.Context()
-    rclpy.init(context=context)
-    yield context
-    rclpy.try_shutdown(context=context)
-
-
-@pytest.fixture
 def make_env(context, tmp_path):
     made = []
 

@@ -1,4 +1,4 @@
-"""The executor the nodes spin: rclpy's EventsExecutor where it exists, else the default.
+"""How the nodes spin: rclpy's EventsExecutor where it exists, else the default.
 
 The EventsExecutor (rclpy Kilted on) runs callbacks one at a time in arrival order
 and costs a fraction of the SingleThreadedExecutor's per-callback overhead, which
@@ -8,9 +8,12 @@ is most of an action's latency. Set UNILAB_EXECUTOR=single to use the classic on
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable
 
-from rclpy.executors import Executor, SingleThreadedExecutor
+import rclpy
+from rclpy.executors import Executor, ExternalShutdownException, SingleThreadedExecutor
+from rclpy.node import Node
 
 
 def make_executor() -> tuple[Executor, bool]:
@@ -30,3 +33,35 @@ def spin(executor: Executor, done: Callable[[], bool] = lambda: False) -> None:
     rclpy 9's EventsExecutor busy-loops without serving callbacks."""
     while not done():
         executor.spin_once(timeout_sec=0.2)
+
+
+def run_node(
+    name: str,
+    build: Callable[[bool], Node],
+    args: list[str] | None,
+    config_errors: tuple[type[Exception], ...],
+) -> None:
+    """A node executable's main: init, build, spin, clean up; exit 2 on a config error.
+
+    ``build`` gets whether the executor delivers messages in arrival order. A node
+    with a ``finished`` attribute ends the spin when it turns true. On the way out
+    (signal, shutdown or finish) ``destroy_node`` runs, where nodes save their work.
+    """
+    rclpy.init(args=args)
+    node: Node | None = None
+    code = 0
+    try:
+        executor, arrival_ordered = make_executor()
+        node = build(arrival_ordered)
+        executor.add_node(node)
+        spin(executor, lambda: bool(getattr(node, "finished", False)))
+    except config_errors as error:
+        rclpy.logging.get_logger(name).fatal(f"cannot start: {error}")
+        code = 2
+    except (KeyboardInterrupt, ExternalShutdownException):
+        pass
+    finally:
+        if node is not None:
+            node.destroy_node()
+        rclpy.try_shutdown()
+    sys.exit(code)

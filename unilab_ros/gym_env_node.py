@@ -10,21 +10,17 @@ order. Only Box observation and Box action spaces are served.
 from __future__ import annotations
 
 import json
-import sys
 from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 
 import gymnasium as gym
 import numpy as np
-import rclpy
 from rclpy.exceptions import InvalidParameterTypeException
-from rclpy.executors import ExternalShutdownException
-from rclpy.logging import get_logger
 from rclpy.node import Node
 from std_msgs.msg import Float32MultiArray, Float64MultiArray, String, UInt8MultiArray
 
-from unilab_ros.executors import make_executor, spin
+from unilab_ros.executors import run_node
 from unilab_ros.messages import (
     MessageError,
     encode_done_codes,
@@ -37,7 +33,6 @@ NODE_NAME = 'gym_env'
 ACTION_TYPES = {'float32': Float32MultiArray, 'float64': Float64MultiArray}
 RETURN_WINDOW = 100
 REJECT_LOG_PERIOD_S = 2.0
-CONFIG_ERROR_EXIT_CODE = 2
 
 
 class GymEnvConfigError(Exception):
@@ -296,25 +291,7 @@ class GymEnvNode(Node):
 
 
 def main(args: list[str] | None = None) -> None:
-    rclpy.init(args=args)
-    node = None
-    exit_code = 0
-    try:
-        node = GymEnvNode()
-        executor = make_executor()[0]
-        executor.add_node(node)
-        spin(executor)
-    except GymEnvConfigError as error:
-        get_logger(NODE_NAME).fatal(str(error))
-        exit_code = CONFIG_ERROR_EXIT_CODE
-    except (KeyboardInterrupt, ExternalShutdownException):
-        pass
-    finally:
-        if node is not None:
-            node.destroy_node()
-        rclpy.try_shutdown()
-    if exit_code:
-        sys.exit(exit_code)
+    run_node(NODE_NAME, lambda _ordered: GymEnvNode(), args, (GymEnvConfigError,))
 
 
 if __name__ == '__main__':

@@ -8,20 +8,17 @@ publishes the safe action when observations stop.
 from __future__ import annotations
 
 import json
-import sys
 import time
 from dataclasses import dataclass
 from typing import Any
 
-import rclpy
 from rclpy.clock import Clock, ClockType
-from rclpy.executors import ExternalShutdownException
 from rclpy.node import Node
 from rclpy.qos import QoSProfile
 from std_msgs.msg import Float32MultiArray, Float64MultiArray, String
 from std_srvs.srv import SetBool
 
-from unilab_ros.executors import make_executor, spin
+from unilab_ros.executors import run_node
 from unilab_ros.messages import MessageError, read_matrix, to_float32_msg, to_float64_msg
 from unilab_ros.params import ConfigError, declare_config, read_config
 from unilab_ros.rl.actions import ActionConfig, ActionMapper
@@ -132,24 +129,7 @@ class PolicyNode(Node):
 
 
 def main(args: list[str] | None = None) -> None:
-    rclpy.init(args=args)
-    node: PolicyNode | None = None
-    code = 0
-    try:
-        node = PolicyNode()
-        executor = make_executor()[0]
-        executor.add_node(node)
-        spin(executor)
-    except ConfigError as error:
-        rclpy.logging.get_logger(NODE_NAME).fatal(f"cannot start: {error}")
-        code = 2
-    except (KeyboardInterrupt, ExternalShutdownException):
-        pass
-    finally:
-        if node is not None:
-            node.destroy_node()
-        rclpy.try_shutdown()
-    sys.exit(code)
+    run_node(NODE_NAME, lambda _ordered: PolicyNode(), args, (ConfigError,))
 
 
 if __name__ == "__main__":

@@ -9,24 +9,21 @@ work runs on the executor's one thread.
 from __future__ import annotations
 
 import json
-import sys
 import time
 from enum import Enum
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import rclpy
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 from rclpy.clock import Clock, ClockType
-from rclpy.executors import ExternalShutdownException
 from rclpy.node import Node
 from rclpy.qos import QoSProfile
 from rclpy.subscription import Subscription
 from std_msgs.msg import Float32MultiArray, Float64MultiArray, String, UInt8MultiArray
 from std_srvs.srv import SetBool, Trigger
 
-from unilab_ros.executors import make_executor, spin
+from unilab_ros.executors import run_node
 from unilab_ros.messages import (
     MessageError,
     read_done_codes,
@@ -107,6 +104,7 @@ class TrainerNode(Node):
             "safe_actions_published": 0,
         }
         self.state = State.WAITING
+        self._closed = False
         self.last_metrics: dict[str, float] = {}
         self._latest_obs: tuple[np.ndarray, int] | None = None
         self._acted_stamp = 0
@@ -439,13 +437,20 @@ class TrainerNode(Node):
         return response
 
     def close(self) -> None:
-        """Save on the way out (shutdown, signal, or the last iteration)."""
+        """Save on the way out (shutdown, signal, or the last iteration); once."""
+        if self._closed:
+            return
+        self._closed = True
         if self.state is not State.FINISHED and self.agent.iteration > 0:
             try:
                 self.save("shutdown")
             except OSError as error:
                 self.get_logger().error(f"could not save the checkpoint on shutdown: {error}")
         self._log.close()
+
+    def destroy_node(self) -> None:
+        self.close()
+        super().destroy_node()
 
 
 def _stamped_at_reception(
@@ -481,25 +486,9 @@ def _take(sub: Subscription[Any]) -> tuple[Any, dict[str, Any]] | None:
 
 
 def main(args: list[str] | None = None) -> None:
-    rclpy.init(args=args)
-    node: TrainerNode | None = None
-    code = 0
-    try:
-        executor, arrival_ordered = make_executor()
-        node = TrainerNode(arrival_ordered=arrival_ordered)
-        executor.add_node(node)
-        spin(executor, lambda: node.finished)
-    except ConfigError as error:
-        rclpy.logging.get_logger(NODE_NAME).fatal(f"cannot start: {error}")
-        code = 2
-    except (KeyboardInterrupt, ExternalShutdownException):
-        pass
-    finally:
-        if node is not None:
-            node.close()
-            node.destroy_node()
-        rclpy.try_shutdown()
-    sys.exit(code)
+    run_node(
+        NODE_NAME, lambda ordered: TrainerNode(arrival_ordered=ordered), args, (ConfigError,)
+    )
 
 
 if __name__ == "__main__":
