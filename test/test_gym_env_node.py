@@ -21,6 +21,7 @@ import pytest  # noqa: E402
 import rclpy  # noqa: E402
 from rclpy.executors import SingleThreadedExecutor  # noqa: E402
 from rclpy.parameter import Parameter  # noqa: E402
+from ros_helpers import spin_until  # noqa: E402
 from std_msgs.msg import (  # noqa: E402
     Float32MultiArray,
     Float64MultiArray,
@@ -74,12 +75,7 @@ class Harness:
                                and self.received['observation']), 'no first observation'
 
     def spin_until(self, predicate, timeout: float = WAIT_S) -> bool:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if predicate():
-                return True
-            self.executor.spin_once(timeout_sec=0.01)
-        return bool(predicate())
+        return spin_until(self.executor, predicate, timeout)
 
     def spin_for(self, seconds: float) -> None:
         self.spin_until(lambda: False, timeout=seconds)

@@ -3,7 +3,6 @@
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import mlx.core as mx
@@ -12,6 +11,7 @@ import pytest
 import rclpy
 from rclpy.executors import SingleThreadedExecutor
 from rclpy.parameter import Parameter
+from ros_helpers import spin_until
 from std_msgs.msg import Float32MultiArray, Float64MultiArray
 
 from unilab_ros.messages import read_matrix, to_float32_msg
@@ -81,12 +81,7 @@ class Harness:
         )
 
     def spin_until(self, predicate, timeout: float = WAIT_S) -> bool:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if predicate():
-                return True
-            self.executor.spin_once(timeout_sec=0.01)
-        return bool(predicate())
+        return spin_until(self.executor, predicate, timeout)
 
     def act(self, obs: np.ndarray) -> np.ndarray:
         count = len(self.action_msgs)

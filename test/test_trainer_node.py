@@ -19,6 +19,7 @@ import pytest
 import rclpy
 from rclpy.executors import SingleThreadedExecutor
 from rclpy.parameter import Parameter
+from ros_helpers import spin_until
 from std_msgs.msg import Float32MultiArray, Float64MultiArray, UInt8MultiArray
 from std_srvs.srv import SetBool, Trigger
 
@@ -92,12 +93,7 @@ class FakeEnv:
     # Spinning.
 
     def spin_until(self, predicate, timeout: float = WAIT_S) -> bool:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if predicate():
-                return True
-            self.executor.spin_once(timeout_sec=0.01)
-        return bool(predicate())
+        return spin_until(self.executor, predicate, timeout)
 
     def spin_for(self, seconds: float) -> None:
         self.spin_until(lambda: False, timeout=seconds)
