@@ -2,6 +2,7 @@
 
     sim_train                       # Pendulum-v1, config/pendulum.yaml
     sim_train --iterations 60 --output runs/pendulum
+    sim_train --params-file config/inverted_pendulum.yaml --output runs/inverted_pendulum
 
 Starts ``gym_env_node`` and ``trainer_node`` on an isolated ROS 2 graph (localhost
 discovery, a domain id of its own), relays the trainer's progress lines, stops the
@@ -56,7 +57,7 @@ def stop(process: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--params-file", type=Path, default=None)
-    parser.add_argument("--env-id", default="Pendulum-v1")
+    parser.add_argument("--env-id", default=None, help="overrides the params file's env_id")
     parser.add_argument("--iterations", type=int, default=None, help="max_iterations")
     parser.add_argument("--output", type=Path, default=Path("runs/pendulum"))
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds before giving up")
@@ -71,8 +72,9 @@ def main(argv: list[str] | None = None) -> int:
     trainer_overrides = {"checkpoint_dir": str(output)}
     if args.iterations is not None:
         trainer_overrides["max_iterations"] = str(args.iterations)
+    bridge_overrides = {"env_id": args.env_id} if args.env_id else {}
     bridge = subprocess.Popen(
-        node_command("unilab_ros.gym_env_node", params_file, {"env_id": args.env_id}), env=env
+        node_command("unilab_ros.gym_env_node", params_file, bridge_overrides), env=env
     )
     trainer = subprocess.Popen(
         node_command("unilab_ros.trainer_node", params_file, trainer_overrides), env=env
@@ -94,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sim_train: trainer exited with code {trainer.returncode}", flush=True)
         return trainer.returncode or 1
     metrics = read_metrics(output / "metrics.csv")
-    png = plot_learning_curve(metrics, output / "learning_curve.png", title=args.env_id)
+    png = plot_learning_curve(metrics, output / "learning_curve.png", title=params_file.stem)
     final_return = metrics["mean_return"][-1]
     print(
         f"sim_train: {len(metrics['iteration'])} iterations, {int(metrics['env_steps'][-1])} env "
