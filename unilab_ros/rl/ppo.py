@@ -267,7 +267,7 @@ class PPOTrainer:
         return loss, metrics, status
 
     def _run_step(self, batch: dict[str, mx.array], adapt: mx.array):
-        if self._step_verified:
+        if self._step_verified or self._step is self._train_step:
             return self._step(batch, adapt)
         snapshot = self._snapshot()
         try:
