@@ -105,6 +105,7 @@ class TrainerNode(Node):
         }
         self.state = State.WAITING
         self._closed = False
+        self._updates_run = 0
         self.last_metrics: dict[str, float] = {}
         self._latest_obs: tuple[np.ndarray, int] | None = None
         self._acted_stamp = 0
@@ -304,7 +305,13 @@ class TrainerNode(Node):
 
     def _run_update(self) -> None:
         assert self._bootstrap_obs is not None
+        if self._updates_run == 0 and self.agent.ppo_cfg.enable_compile:
+            self.get_logger().info(
+                "first update: MLX compiles its kernels (up to a minute on a new machine; "
+                "cached on disk afterwards)"
+            )
         metrics = self.agent.update(self._bootstrap_obs)
+        self._updates_run += 1
         self._report_iteration(metrics)
         interval = self.cfg.checkpoint_interval
         if interval and self.agent.iteration % interval == 0:
