@@ -21,7 +21,7 @@ from rclpy.executors import SingleThreadedExecutor
 from rclpy.parameter import Parameter
 from ros_helpers import spin_until
 from std_msgs.msg import Float32MultiArray, Float64MultiArray, UInt8MultiArray
-from std_srvs.srv import SetBool, Trigger
+from std_srvs.srv import Empty, SetBool, Trigger
 
 from unilab_ros.messages import read_matrix, to_float32_msg, to_uint8_msg
 from unilab_ros.rl.checkpoint import Checkpoint
@@ -572,3 +572,41 @@ def test_main_exits_2_with_a_one_line_reason_on_a_bad_parameter(
     output = (result.stdout + result.stderr).strip().splitlines()
     assert "Traceback" not in result.stderr
     assert len(output) == 1 and reason in output[0], output
+
+
+@pytest.mark.parametrize("service_type", ["empty", "trigger", "setbool"])
+def test_the_simulator_is_paused_for_the_update_and_resumed(make_env, service_type):
+    srv = {"empty": Empty, "trigger": Trigger, "setbool": SetBool}[service_type]
+    env = make_env(
+        pause_service="/sim/pause", resume_service="/sim/resume", pause_service_type=service_type
+    )
+    calls: list[tuple[str, int, object]] = []
+
+    def handler(name: str):
+        def serve(request, response):
+            # The iteration at call time tells whether the update had run yet.
+            calls.append((name, env.trainer.agent.iteration, getattr(request, "data", None)))
+            if hasattr(response, "success"):
+                response.success = True
+            return response
+
+        return serve
+
+    env.node.create_service(srv, "/sim/pause", handler("pause"))
+    env.node.create_service(srv, "/sim/resume", handler("resume"))
+    env.start()
+    for _ in range(NUM_STEPS):
+        env.step(expected_actions=0)
+    assert env.spin_until(lambda: len(calls) == 2 and len(env.action_msgs) >= NUM_STEPS + 2)
+    data = {"setbool": (True, False)}.get(service_type, (None, None))
+    assert calls == [("pause", 0, data[0]), ("resume", 1, data[1])]
+    assert env.trainer.agent.iteration == 1
+
+
+def test_a_missing_pause_service_is_a_warning_not_a_stall(make_env):
+    env = make_env(pause_service="/sim/absent", resume_service="/sim/absent_too")
+    env.start()
+    for _ in range(NUM_STEPS):
+        env.step(expected_actions=0)
+    assert env.spin_until(lambda: env.trainer.agent.iteration == 1)
+    assert env.trainer.status()["sim_service_failures"] == 2

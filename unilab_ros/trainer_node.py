@@ -402,6 +402,7 @@ class TrainerNode(Node):
             "training": self.cfg.training,
             "deterministic": self.cfg.deterministic,
             "mean_return": self.stats.mean_return,
+            "sim_service_failures": self._sim.calls_failed,
             **self.sync.counters,
             **self.counters,
         }
