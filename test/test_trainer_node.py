@@ -17,9 +17,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import rclpy
+from builtin_interfaces.msg import Time
 from rclpy.executors import SingleThreadedExecutor
 from rclpy.parameter import Parameter
 from ros_helpers import spin_until
+from rosgraph_msgs.msg import Clock
 from std_msgs.msg import Float32MultiArray, Float64MultiArray, UInt8MultiArray
 from std_srvs.srv import Empty, SetBool, Trigger
 
@@ -253,6 +255,25 @@ def test_a_missing_reward_drops_the_step_after_step_timeout(make_env):
     env.step()
     assert env.trainer.agent.buffer.step == 2
     np.testing.assert_array_equal(env.trainer.agent.buffer.observations[1], next_obs)
+
+
+def test_under_sim_time_a_paused_clock_drops_no_step(make_env):
+    env = make_env(step_timeout=0.3, obs_timeout=30.0, use_sim_time=True)
+    clock_pub = env.node.create_publisher(Clock, "/clock", 10)
+
+    def publish_clock(seconds: float) -> None:
+        clock_pub.publish(Clock(clock=Time(sec=int(seconds), nanosec=0)))
+
+    assert env.spin_until(lambda: clock_pub.get_subscription_count() > 0)
+    publish_clock(100.0)
+    assert env.spin_until(lambda: env.trainer.get_clock().now().nanoseconds > 0)
+    env.start()
+    env.publish("done", np.zeros(NUM_ENVS, np.uint8))
+    # Wall time passes well beyond step_timeout while the simulator is paused.
+    env.spin_for(1.0)
+    assert env.trainer.sync.counters["steps_dropped"] == 0
+    publish_clock(101.0)
+    assert env.spin_until(lambda: env.trainer.sync.counters["steps_dropped"] == 1, timeout=3.0)
 
 
 @pytest.mark.parametrize(
