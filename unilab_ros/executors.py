@@ -13,7 +13,10 @@ from collections.abc import Callable
 
 import rclpy
 from rclpy.executors import Executor, ExternalShutdownException, SingleThreadedExecutor
+from rclpy.impl.implementation_singleton import rclpy_implementation
 from rclpy.node import Node
+
+RCLError = rclpy_implementation.RCLError
 
 
 def make_executor() -> tuple[Executor, bool]:
@@ -31,8 +34,14 @@ def make_executor() -> tuple[Executor, bool]:
 def spin(executor: Executor, done: Callable[[], bool] = lambda: False) -> None:
     """Spin until ``done()`` or shutdown. A loop of spin_once, because rclpy.spin() with
     rclpy 9's EventsExecutor busy-loops without serving callbacks."""
-    while not done():
-        executor.spin_once(timeout_sec=0.2)
+    while not done() and rclpy.ok():
+        try:
+            executor.spin_once(timeout_sec=0.2)
+        except RCLError:
+            # A signal can shut the context down between the check and the wait.
+            if rclpy.ok():
+                raise
+            return
 
 
 def run_node(
