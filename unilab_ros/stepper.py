@@ -87,21 +87,18 @@ class StepSync:
         return self._complete()
 
     def on_reward(self, reward: np.ndarray, stamp: int) -> Transition | None:
-        pending = self._pending
-        if pending is None or stamp < pending.obs_stamp:
-            return self._count(Counter.STALE)
-        if pending.reward is not None:
-            return self._count(Counter.DUPLICATE)
-        pending.reward = reward
-        return self._complete()
+        return self._fill("reward", reward, stamp)
 
     def on_done(self, done: np.ndarray, stamp: int) -> Transition | None:
+        return self._fill("done", done, stamp)
+
+    def _fill(self, part: str, value: np.ndarray, stamp: int) -> Transition | None:
         pending = self._pending
         if pending is None or stamp < pending.obs_stamp:
             return self._count(Counter.STALE)
-        if pending.done is not None:
+        if getattr(pending, part) is not None:
             return self._count(Counter.DUPLICATE)
-        pending.done = done
+        setattr(pending, part, value)
         return self._complete()
 
     def action_sent(self, obs: np.ndarray, action: np.ndarray, obs_stamp: int, now: float) -> None:

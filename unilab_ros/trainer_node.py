@@ -181,7 +181,11 @@ class TrainerNode(Node):
         if self.state is State.WAITING:
             self.state = State.COLLECTING
         if self.state in (State.COLLECTING, State.EPISODE_END):
-            self._handle(self.sync.on_observation(obs, stamp))
+            result = self.sync.on_observation(obs, stamp)
+            if isinstance(result, np.ndarray):
+                self._act_on(result, stamp)
+            else:
+                self._handle(result)
 
     def _on_reward(self, msg: Float32MultiArray, stamp: int) -> None:
         reward = self._read("reward", read_vector, msg, self.num_envs)
@@ -195,11 +199,8 @@ class TrainerNode(Node):
 
     # Stepping.
 
-    def _handle(self, result: Transition | np.ndarray | None) -> None:
+    def _handle(self, result: Transition | None) -> None:
         if result is None:
-            return
-        if isinstance(result, np.ndarray):
-            self._act_on(result, self._latest_obs[1] if self._latest_obs else 0)
             return
         self.stats.add(result.reward, result.done)
         if self.state is State.COLLECTING and self._learning and self._acted_by_sampling:

@@ -158,7 +158,7 @@ def restore_agent(agent: PPOAgent, checkpoint: Checkpoint) -> None:
     checkpoint.load_model_into(agent.model)
     trainer = agent.trainer
     optimizer_state = checkpoint.group("optimizer")
-    if sorted(tree_flatten(optimizer_state)) == []:
+    if not tree_flatten(optimizer_state):
         raise CheckpointError(f"{checkpoint.path} holds no optimizer state")
     trainer.optimizer.state.update(optimizer_state)
     trainer.schedule_state.update(checkpoint.group("schedule"))
