@@ -28,9 +28,12 @@ from std_msgs.msg import (
     UInt8MultiArray,
 )
 
-DONE_RUNNING = 0
-DONE_TERMINATED = 1
-DONE_TRUNCATED = 2
+from unilab_ros.done_codes import DoneCode, from_gym_flags
+
+DONE_RUNNING = DoneCode.RUNNING
+DONE_TERMINATED = DoneCode.TERMINATED
+DONE_TRUNCATED = DoneCode.TRUNCATED
+encode_done_codes = from_gym_flags
 
 MultiArrayMsg = Float32MultiArray | Float64MultiArray | UInt8MultiArray
 
@@ -90,12 +93,6 @@ def read_done_codes(msg: UInt8MultiArray, num_envs: int) -> np.ndarray:
         raise MessageError(f'done codes must be 0, 1 or 2, got {int(codes[unknown][0])} '
                            f'at env {int(np.flatnonzero(unknown)[0])}')
     return codes
-
-
-def encode_done_codes(terminated: np.ndarray, truncated: np.ndarray) -> np.ndarray:
-    """Gymnasium's flags as done codes; a terminated step wins, since it must not bootstrap."""
-    codes = np.where(truncated, DONE_TRUNCATED, DONE_RUNNING)
-    return np.where(terminated, DONE_TERMINATED, codes).astype(np.uint8)
 
 
 def _to_msg(msg: MultiArrayMsg, typecode: str, dtype: type, values: np.ndarray,

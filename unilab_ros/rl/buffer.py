@@ -8,8 +8,9 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-RUNNING, TERMINATED, TRUNCATED = 0, 1, 2
-"""Done codes: an episode goes on, ended for good (no bootstrap), or was cut (bootstrap)."""
+from unilab_ros.done_codes import DoneCode
+
+RUNNING, TERMINATED, TRUNCATED = DoneCode.RUNNING, DoneCode.TERMINATED, DoneCode.TRUNCATED
 
 
 def split_sizes(total: int, parts: int) -> list[int]:

@@ -1,0 +1,77 @@
+"""Training setups read from the package's params files, for in-process (ROS-free) runs.
+
+The shipped YAML files (config/*.yaml) are what the nodes run with through ROS; the
+in-process demo, the learning tests and bench/learning.py read the same files, so a
+setting tuned once holds for both paths. The files are keyed like ROS params files
+(``/**/unilab_trainer: ros__parameters: ...``); this module needs only PyYAML.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from unilab_ros.rl.actions import ActionConfig
+from unilab_ros.rl.agent import AgentConfig
+from unilab_ros.rl.model import ModelConfig
+from unilab_ros.rl.ppo import PPOConfig
+
+TRAINER_KEY = "unilab_trainer"
+BRIDGE_KEY = "gym_env"
+Config = TypeVar("Config")
+
+
+@dataclass
+class TrainingSetup:
+    """Everything an in-process run needs: the environment and the trainer's configs."""
+
+    env_id: str = "Pendulum-v1"
+    """Gymnasium id (the bridge's env_id)."""
+    max_episode_steps: int = 0
+    """The bridge's time limit; 0 keeps the env's registered one."""
+    max_iterations: int = 0
+    """The trainer's max_iterations (0: unbounded)."""
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    ppo: PPOConfig = field(default_factory=PPOConfig)
+    actions: ActionConfig = field(default_factory=ActionConfig)
+
+
+def _node_parameters(document: dict[str, Any], node: str) -> dict[str, Any]:
+    """The ``ros__parameters`` of the entry whose key ends with ``node``."""
+    for key, entry in (document or {}).items():
+        if str(key).rstrip("/").split("/")[-1] == node and isinstance(entry, dict):
+            return dict(entry.get("ros__parameters") or {})
+    return {}
+
+
+def _build(cls: type[Config], values: dict[str, Any]) -> Config:
+    """``cls`` from the keys of ``values`` that name its fields; the rest is not its."""
+    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    return cls(**{k: v for k, v in values.items() if k in names})
+
+
+def load_setup(params_file: str | Path) -> TrainingSetup:
+    """Read a params file into a ``TrainingSetup`` (dataclass defaults where it is silent)."""
+    with open(params_file) as handle:
+        document = yaml.safe_load(handle)
+    trainer = _node_parameters(document, TRAINER_KEY)
+    bridge = _node_parameters(document, BRIDGE_KEY)
+    if not trainer:
+        raise ValueError(f"{params_file} has no {TRAINER_KEY} ros__parameters")
+    agent = _build(AgentConfig, trainer)
+    if "seed" in bridge and "seed" not in trainer:
+        agent.seed = int(bridge["seed"])
+    return TrainingSetup(
+        env_id=str(bridge.get("env_id", TrainingSetup.env_id)),
+        max_episode_steps=int(bridge.get("max_episode_steps", 0)),
+        max_iterations=int(trainer.get("max_iterations", 0)),
+        agent=agent,
+        model=_build(ModelConfig, trainer.get("model") or {}),
+        ppo=_build(PPOConfig, trainer.get("ppo") or {}),
+        actions=_build(ActionConfig, trainer),
+    )
