@@ -114,10 +114,7 @@ def build_ours(size: Size, data_path: Path) -> Callable[[], Any]:
         max_grad_norm=MAX_GRAD_NORM,
         schedule="adaptive",
         desired_kl=DESIRED_KL,
-        # rsl_rl's rule: react to each mini-batch's KL, by a factor 1.5 either way.
-        adaptive_kl_beta=0.0,
-        adaptive_lr_decay=1.5,
-        adaptive_lr_growth=1.5,
+        # rsl_rl's rule (the default): each mini-batch's KL, a factor 1.5 either way.
     )
     trainer = PPOTrainer(model, ppo_cfg)
 

@@ -35,6 +35,19 @@ class ActionMapper:
             raise ValueError("safe_action must lie within action_low..action_high")
         self.safe = np.tile(safe, (num_envs, 1))
 
+    def policy_bounds(self) -> tuple[np.ndarray, np.ndarray]:
+        """The action limits in policy units (before ``action_scale``), per dim.
+
+        Beyond them the published action is clipped, so PPO's bounds loss pulls the
+        policy mean back inside. A zero scale makes a dim's bounds infinite.
+        """
+        with np.errstate(divide="ignore", invalid="ignore"):
+            a, b = self.low / self.scale, self.high / self.scale
+        lower, upper = np.minimum(a, b), np.maximum(a, b)
+        unbounded = self.scale == 0.0
+        lower[unbounded], upper[unbounded] = -np.inf, np.inf
+        return lower.astype(np.float32), upper.astype(np.float32)
+
     def __call__(self, policy_actions: np.ndarray) -> np.ndarray:
         return np.clip(policy_actions * self.scale, self.low, self.high).astype(np.float32)
 

@@ -43,10 +43,14 @@ class AgentConfig:
 class PPOAgent:
     """Owns the model, rollout buffer and PPO trainer of one training session.
 
-    Collection only evaluates the actor's mean and samples noise. When the rollout
-    is full, ``update`` merges the rollout into the observation normalizer, then
-    computes the old log-probs, means and values of all stored steps in one batched
-    pass, so the update starts exactly at ratio 1 under the new normalization.
+    Collection only evaluates the actor's mean and samples noise. The policy does not
+    change while a rollout is collected, so when it is full ``update`` computes, in one
+    batched pass, exactly what the acting policy computed for every stored step (its
+    log-probs, means, stds and values, under the normalizer it acted with); these are
+    PPO's "old" outputs. Only then is the rollout merged into the observation
+    normalizer, so the ratio and KL of the update include the normalizer's change.
+    ``action_bounds`` (policy units, see ``ActionMapper.policy_bounds``) feed the bounds
+    loss.
     """
 
     def __init__(
@@ -54,6 +58,7 @@ class PPOAgent:
         cfg: AgentConfig,
         model_cfg: ModelConfig | None = None,
         ppo_cfg: PPOConfig | None = None,
+        action_bounds: tuple[np.ndarray, np.ndarray] | None = None,
     ) -> None:
         cfg.validate()
         self.cfg = cfg
@@ -67,7 +72,7 @@ class PPOAgent:
         self.model_cfg = model_cfg or ModelConfig()
         mx.random.seed(cfg.seed)
         self.model = MLPActorCritic(cfg.obs_dim, cfg.action_dim, self.model_cfg)
-        self.trainer = PPOTrainer(self.model, self.ppo_cfg, seed=cfg.seed + 1)
+        self.trainer = PPOTrainer(self.model, self.ppo_cfg, cfg.seed + 1, action_bounds)
         self.buffer = RolloutBuffer(
             cfg.num_steps,
             cfg.num_envs,
@@ -107,8 +112,6 @@ class PPOAgent:
         start = time.perf_counter()
         buffer = self.buffer
         obs = mx.array(buffer.observations.reshape(-1, self.cfg.obs_dim))
-        if self.model_cfg.normalize_observations:
-            self.model.normalizer.update(obs)
         mean, std, log_std = self.model.distribution_params(obs)
         actions = mx.array(buffer.actions.reshape(-1, self.cfg.action_dim))
         log_probs = diag_gaussian_log_prob(actions, mean, log_std)
@@ -117,6 +120,8 @@ class PPOAgent:
         mx.eval(mean, std, log_probs, values, last_values)
         buffer.set_policy_outputs(log_probs, mean, std, values)
         buffer.compute_returns_and_advantages(np.array(last_values))
+        if self.model_cfg.normalize_observations:
+            self.model.normalizer.update(obs)
         metrics = self.trainer.update(buffer, self.iteration)
         buffer.clear()
         self.iteration += 1

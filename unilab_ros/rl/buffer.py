@@ -119,7 +119,8 @@ class RolloutBuffer:
         self.values[:t] = np.asarray(values).reshape(t, self.num_envs)
 
     def compute_returns_and_advantages(self, last_values: Any) -> None:
-        """GAE(lambda) over the stored steps, then whole-batch advantage normalization."""
+        """GAE(lambda) over the stored steps; the advantages stay raw (the trainer owns
+        their normalization, over the rollout or per mini-batch)."""
         if self.step != self.num_steps:
             raise RuntimeError(f"rollout holds {self.step} of {self.num_steps} steps")
         last_values = np.asarray(last_values, np.float32).reshape(self.num_envs)
@@ -133,9 +134,6 @@ class RolloutBuffer:
             gae = deltas[t] + self.gamma * self.lam * next_non_terminal[t] * gae
             self.advantages[t] = gae
         self.returns[:] = self.advantages + self.values
-        self.advantages = (self.advantages - self.advantages.mean()) / (
-            self.advantages.std() + 1e-8
-        )
 
     def mini_batch_generator(
         self, num_mini_batches: int, num_epochs: int, key: mx.array | None = None

@@ -1,6 +1,10 @@
 """In-process PPO on a Gymnasium task (no ROS): the core's own learning check.
 
 pendulum_demo --iterations 100
+pendulum_demo --params-file config/inverted_pendulum.yaml --seed 2
+
+The run reads the same params file as the nodes (config/pendulum.yaml by default) and
+steps the bridge's own vector env, so it learns what ``sim_train`` learns, minus ROS.
 """
 
 from __future__ import annotations
@@ -8,105 +12,85 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from pathlib import Path
 
-import gymnasium as gym
 import numpy as np
 
-from unilab_ros.rl.actions import ActionConfig, ActionMapper
-from unilab_ros.rl.agent import AgentConfig, PPOAgent
+from unilab_ros.gym_vector import GymVectorSim
+from unilab_ros.paths import config_file
+from unilab_ros.rl.actions import ActionMapper
+from unilab_ros.rl.agent import PPOAgent
+from unilab_ros.rl.best import BestPolicy
 from unilab_ros.rl.blas import blas_description
 from unilab_ros.rl.episodes import EpisodeStats
-from unilab_ros.rl.model import ModelConfig
-from unilab_ros.rl.ppo import PPOConfig
+from unilab_ros.rl.setup_file import TrainingSetup, load_setup
 
-
-@dataclass
-class PendulumSetup:
-    """Hyperparameters that solve Pendulum-v1 with this PPO."""
-
-    agent: AgentConfig = field(
-        default_factory=lambda: AgentConfig(
-            num_envs=16, obs_dim=3, action_dim=1, num_steps=128, reward_scale=0.1
-        )
-    )
-    model: ModelConfig = field(
-        default_factory=lambda: ModelConfig(
-            actor_hidden_dims=[64, 64], critic_hidden_dims=[64, 64], init_noise_std=1.0
-        )
-    )
-    ppo: PPOConfig = field(
-        default_factory=lambda: PPOConfig(
-            num_learning_epochs=10,
-            num_mini_batches=32,
-            gamma=0.95,
-            learning_rate=3e-4,
-            use_clipped_value_loss=False,
-        )
-    )
-    actions: ActionConfig = field(
-        default_factory=lambda: ActionConfig(
-            action_scale=[2.0], action_low=[-2.0], action_high=[2.0]
-        )
-    )
+IterationCallback = Callable[[PPOAgent, EpisodeStats, dict[str, float]], None]
 
 
 def train(
-    env_id: str,
-    setup: PendulumSetup,
+    setup: TrainingSetup,
     iterations: int,
-    on_iteration: Callable[[int, PPOAgent, EpisodeStats, dict[str, float]], None] | None = None,
+    on_iteration: IterationCallback | None = None,
+    best: BestPolicy | None = None,
 ) -> tuple[PPOAgent, EpisodeStats]:
-    """Train ``iterations`` rollouts; call ``on_iteration`` after each update."""
+    """Train ``iterations`` rollouts; after each update, offer the policy to ``best`` and
+    call ``on_iteration``. Env i is seeded with ``setup.agent.seed + i``."""
     cfg = setup.agent
-    envs = gym.make_vec(
-        env_id,
-        num_envs=cfg.num_envs,
-        vectorization_mode="sync",
-        vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP},
-    )
+    sim = GymVectorSim(setup.env_id, cfg.num_envs, cfg.seed, setup.max_episode_steps)
     try:
-        agent = PPOAgent(cfg, setup.model, setup.ppo)
+        agent = PPOAgent(cfg, setup.model, setup.ppo, action_bounds=_bounds(setup, cfg))
         to_env = ActionMapper(setup.actions, cfg.num_envs, cfg.action_dim)
         stats = EpisodeStats(cfg.num_envs)
-        obs, _ = envs.reset(seed=cfg.seed)
+        obs = sim.reset()
         for _ in range(iterations):
             while not agent.rollout_full:
                 actions = agent.act(obs)
-                next_obs, rewards, terminated, truncated, _ = envs.step(to_env(actions))
-                dones = np.where(terminated, 1, np.where(truncated, 2, 0)).astype(np.uint8)
-                agent.record(obs, actions, rewards, dones)
-                stats.add(rewards, dones)
-                obs = next_obs
+                step = sim.step(to_env(actions))
+                agent.record(obs, actions, step.reward, step.done)
+                stats.add(step.reward, step.done)
+                obs = step.observation
             metrics = agent.update(obs)
+            if best is not None:
+                best.offer(agent, stats)
             if on_iteration is not None:
-                on_iteration(agent.iteration, agent, stats, metrics)
+                on_iteration(agent, stats, metrics)
         return agent, stats
     finally:
-        envs.close()
+        sim.close()
+
+
+def _bounds(setup: TrainingSetup, cfg) -> tuple[np.ndarray, np.ndarray]:
+    mapper = ActionMapper(setup.actions, 1, cfg.action_dim)
+    return mapper.policy_bounds()
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--env-id", default="Pendulum-v1")
-    parser.add_argument("--iterations", type=int, default=75)
+    parser.add_argument("--params-file", type=Path, default=None)
+    parser.add_argument("--iterations", type=int, default=None,
+                        help="default: the params file's max_iterations")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    setup = PendulumSetup()
+    setup = load_setup(args.params_file or config_file("pendulum.yaml"))
     setup.agent.seed = args.seed
-    print(f"BLAS: {blas_description()}", flush=True)
+    iterations = args.iterations or setup.max_iterations or 75
+    print(f"{setup.env_id}, seed {args.seed}; BLAS: {blas_description()}", flush=True)
     start = time.perf_counter()
+    best = BestPolicy()
 
-    def progress(it: int, agent: PPOAgent, stats: EpisodeStats, m: dict[str, float]) -> None:
+    def progress(agent: PPOAgent, stats: EpisodeStats, m: dict[str, float]) -> None:
         rate = agent.env_steps / (time.perf_counter() - start)
         print(
-            f"iter {it:4d}  steps {agent.env_steps:7d}  return {stats.mean_return:8.1f}  "
-            f"kl {m['approx_kl']:.4f}  lr {m['learning_rate']:.1e}  "
-            f"{rate:6.0f} steps/s  update {m['update_time']:.2f}s",
+            f"iter {agent.iteration:4d}  steps {agent.env_steps:7d}  "
+            f"return {stats.mean_return:8.1f}  best {best.mean_return:8.1f}  "
+            f"kl max {m['approx_kl_max']:.4f}  lr {m['learning_rate']:.1e}  "
+            f"std {m['std_mean']:.3f}  {rate:6.0f} steps/s  update {m['update_time']:.2f}s",
             flush=True,
         )
 
-    train(args.env_id, setup, args.iterations, progress)
+    train(setup, iterations, progress, best)
+    print(f"best mean return {best.mean_return:.1f} (iteration {best.iteration})", flush=True)
 
 
 if __name__ == "__main__":

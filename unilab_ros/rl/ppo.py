@@ -9,6 +9,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 import mlx.optimizers as optim
+import numpy as np
 from mlx.utils import tree_flatten, tree_map
 
 from unilab_ros.rl.buffer import RolloutBuffer
@@ -32,8 +33,12 @@ METRIC_KEYS = (
     "std_mean",
     "adv_std",
     "value_explained_variance",
+    "bounds_loss",
+    "mean_out_of_bounds",
+    "learning_rate",
 )
 """Per-mini-batch metrics, averaged over the applied mini-batches of an update."""
+_KL, _RATIO_MAX, _LR = METRIC_KEYS.index("approx_kl"), 6, METRIC_KEYS.index("learning_rate")
 
 SCHEDULES = ("fixed", "adaptive")
 
@@ -65,35 +70,35 @@ class PPOConfig:
     log_ratio_clip: float = 20.0
     """Clip on log(pi/pi_old) before the exp, against overflow."""
     schedule: str = "fixed"
-    """"fixed" or "adaptive" (KL-driven learning rate)."""
+    """"fixed" or "adaptive": rsl_rl's rule, on every mini-batch's KL before its step:
+    rate / adaptive_lr_decay above 2 x desired_kl, x adaptive_lr_growth below half."""
     desired_kl: float = 0.01
     """Adaptive schedule: target KL per mini-batch."""
     min_learning_rate: float = 1e-5
     """Adaptive schedule: lower bound."""
     max_learning_rate: float = 1e-2
     """Adaptive schedule: upper bound."""
-    normalize_advantage_per_mini_batch: bool = False
-    """Normalize advantages within each mini-batch (else over the whole rollout)."""
-    adaptive_kl_beta: float = 0.9
-    """Adaptive schedule: EMA factor of the KL (0 reacts to each mini-batch, as rsl_rl)."""
     adaptive_lr_decay: float = 1.5
-    """Adaptive schedule: divide the rate by this when KL > 2 desired."""
-    adaptive_lr_growth: float = 1.2
-    """Adaptive schedule: multiply the rate by this when KL < desired / 2."""
-    adaptive_lr_update_interval: int = 1
-    """Adaptive schedule: adapt every this many mini-batches."""
+    """Adaptive schedule: divide the rate by this when KL > 2 desired (rsl_rl: 1.5)."""
+    adaptive_lr_growth: float = 1.5
+    """Adaptive schedule: multiply the rate by this when KL < desired / 2 (rsl_rl: 1.5)."""
     target_kl_stop: float = 0.0
-    """Stop the update's epochs early when a read KL exceeds this; 0 disables."""
-    metrics_interval: int = 8
-    """Read metrics to the host (for target_kl_stop) every this many mini-batches."""
+    """Early stop (as Stable-Baselines3's target_kl): the first mini-batch whose KL to the
+    acting policy exceeds this is not applied and ends the update's epochs; 0 disables."""
+    normalize_advantage_per_mini_batch: bool = False
+    """rsl_rl's flag: normalize advantages within each mini-batch, else once over the rollout."""
+    advantage_std_floor: float = 0.1
+    """Advantages are divided by max(std, this x the running mean of past rollouts' std):
+    a rollout with almost no return spread is not blown up to unit std; 0 disables."""
+    bounds_loss_coef: float = 0.0
+    """Weight of the squared excess of the action mean beyond the action limits (in policy
+    units), so the mean cannot run away where clipping hides the action; 0 disables."""
     finite_check_interval: int = 8
     """Check loss, gradients and parameters for NaN/Inf every this many mini-batches."""
     enable_compile: bool = True
     """Compile the mini-batch step (model and optimizer state) with mx.compile."""
     warmup_strict_iters: int = 0
     """First iterations that use the warm-up intervals below."""
-    warmup_metrics_interval: int = 1
-    """metrics_interval during warm-up."""
     warmup_finite_check_interval: int = 1
     """finite_check_interval during warm-up."""
     disable_finite_checks: bool = False
@@ -104,10 +109,7 @@ class PPOConfig:
         positive_ints = (
             "num_learning_epochs",
             "num_mini_batches",
-            "adaptive_lr_update_interval",
-            "metrics_interval",
             "finite_check_interval",
-            "warmup_metrics_interval",
             "warmup_finite_check_interval",
         )
         for name in positive_ints:
@@ -127,6 +129,10 @@ class PPOConfig:
             raise ValueError("log_ratio_clip must be positive (0 pins the ratio at 1)")
         if self.warmup_strict_iters < 0 or self.target_kl_stop < 0.0:
             raise ValueError("warmup_strict_iters and target_kl_stop must be >= 0")
+        if self.advantage_std_floor < 0.0 or self.bounds_loss_coef < 0.0:
+            raise ValueError("advantage_std_floor and bounds_loss_coef must be >= 0")
+        if self.adaptive_lr_decay <= 1.0 or self.adaptive_lr_growth < 1.0:
+            raise ValueError("need adaptive_lr_decay > 1 and adaptive_lr_growth >= 1")
 
 
 class PPOTrainer:
@@ -134,21 +140,41 @@ class PPOTrainer:
 
     One mini-batch step is a single function over the model, optimizer and
     schedule state: loss, gradients, metrics (from the same forward pass), KL-driven
-    learning rate, gradient clipping and the Adam update. It is compiled when
-    ``enable_compile`` is set. Finite checks read one flag; a failed check restores
-    the model and optimizer to the last checked state (MLX arrays are immutable, so
-    keeping that state costs references, not copies).
+    learning rate, the KL early stop, gradient clipping and the Adam update. It is
+    compiled when ``enable_compile`` is set. Finite checks read one flag; a failed check
+    restores the model and optimizer to the last checked state (MLX arrays are
+    immutable, so keeping that state costs references, not copies).
+
+    The "old" log-probs, means, stds and values of the rollout are those the acting
+    policy computed (see ``PPOAgent.update``), so the ratio and KL measure how far the
+    update moved from the policy that collected the data, normalizer changes included.
     """
 
-    def __init__(self, model: MLPActorCritic, cfg: PPOConfig | None = None, seed: int = 0) -> None:
+    def __init__(
+        self,
+        model: MLPActorCritic,
+        cfg: PPOConfig | None = None,
+        seed: int = 0,
+        action_bounds: tuple[np.ndarray, np.ndarray] | None = None,
+    ) -> None:
         cfg = cfg or PPOConfig()
         cfg.validate()
         self.model = model
         self.cfg = cfg
         self.optimizer = optim.Adam(learning_rate=float(cfg.learning_rate), bias_correction=True)
         self.optimizer.init(model.trainable_parameters())
-        # The schedule state lives in arrays so the compiled step can update it.
-        self.schedule_state = {"kl_ema": mx.array(0.0), "kl_seen": mx.array(False)}
+        # Arrays, so the compiled step can update them and checkpoints keep them.
+        self.schedule_state = {
+            "stopped": mx.array(False),
+            "adv_std_mean": mx.array(0.0),
+            "rollouts_seen": mx.array(0.0),
+        }
+        low, high = action_bounds if action_bounds is not None else (-np.inf, np.inf)
+        shape = (model.action_dim,)
+        self._bounds = (
+            mx.array(np.broadcast_to(np.asarray(low, np.float32), shape)),
+            mx.array(np.broadcast_to(np.asarray(high, np.float32), shape)),
+        )
         self._loss_and_grad = nn.value_and_grad(model, self._loss_fn)
         self.compile_error: str | None = None
         self._step = self._build_step()
@@ -158,6 +184,10 @@ class PPOTrainer:
     @property
     def learning_rate(self) -> float:
         return float(self.optimizer.learning_rate.item())
+
+    @learning_rate.setter
+    def learning_rate(self, value: float) -> None:
+        self.optimizer.learning_rate = mx.array(float(value), mx.float32)
 
     def _state(self) -> list[Any]:
         return [self.model.state, self.optimizer.state, self.schedule_state]
@@ -182,7 +212,7 @@ class PPOTrainer:
         cfg = self.cfg
         advantages = batch["advantages"]
         if cfg.normalize_advantage_per_mini_batch:
-            advantages = (advantages - mx.mean(advantages)) / (mx.std(advantages) + 1e-8)
+            advantages = normalize_advantages(advantages, batch["adv_std_floor"])
         mean, std, log_std = model.distribution_params(batch["obs"])
         values = model.value(batch["obs"])
         log_probs = diag_gaussian_log_prob(batch["actions"], mean, log_std)
@@ -203,7 +233,12 @@ class PPOTrainer:
             )
         else:
             value_loss = mx.mean((returns - values) ** 2)
+        low, high = self._bounds
+        excess = mx.maximum(mean - high, 0.0) + mx.maximum(low - mean, 0.0)
+        bounds_loss = mx.mean(mx.sum(excess * excess, axis=-1))
         loss = surrogate + cfg.value_loss_coef * value_loss - cfg.entropy_coef * entropy
+        if cfg.bounds_loss_coef > 0.0:
+            loss = loss + cfg.bounds_loss_coef * bounds_loss
 
         mean_d, std_d = mx.stop_gradient(mean), mx.stop_gradient(std)
         ratio_d, values_d = mx.stop_gradient(ratio), mx.stop_gradient(values)
@@ -220,26 +255,25 @@ class PPOTrainer:
                 mx.mean(std_d),
                 mx.std(advantages),
                 1.0 - mx.var(returns - values_d) / (mx.var(returns) + 1e-8),
+                mx.stop_gradient(bounds_loss),
+                mx.mean(((mean_d > high) | (mean_d < low)).astype(mx.float32)),
+                mx.array(0.0),
             ]
         )
         return loss, metrics
 
-    def _adapt_learning_rate(self, kl: mx.array, adapt: mx.array) -> None:
-        """rsl_rl's KL rule on an EMA of the KL, applied before this step's update."""
+    def _adapt_learning_rate(self, kl: mx.array) -> None:
+        """rsl_rl's rule on this mini-batch's KL, applied before its update."""
         cfg = self.cfg
-        beta = min(max(cfg.adaptive_kl_beta, 0.0), 0.999)
-        state = self.schedule_state
-        ema = mx.where(state["kl_seen"], beta * state["kl_ema"] + (1.0 - beta) * kl, kl)
-        state["kl_ema"], state["kl_seen"] = ema, mx.array(True)
         lr = self.optimizer.learning_rate
-        lower = mx.maximum(cfg.min_learning_rate, lr / max(cfg.adaptive_lr_decay, 1.01))
-        higher = mx.minimum(cfg.max_learning_rate, lr * max(cfg.adaptive_lr_growth, 1.0))
+        lower = mx.maximum(cfg.min_learning_rate, lr / cfg.adaptive_lr_decay)
+        higher = mx.minimum(cfg.max_learning_rate, lr * cfg.adaptive_lr_growth)
         new_lr = mx.where(
-            ema > 2.0 * cfg.desired_kl,
+            kl > 2.0 * cfg.desired_kl,
             lower,
-            mx.where((ema > 0.0) & (ema < 0.5 * cfg.desired_kl), higher, lr),
+            mx.where((kl > 0.0) & (kl < 0.5 * cfg.desired_kl), higher, lr),
         )
-        self.optimizer.learning_rate = mx.where(adapt, new_lr, lr).astype(lr.dtype)
+        self.optimizer.learning_rate = new_lr.astype(lr.dtype)
 
     def _clip_grads(self, grads: Any) -> tuple[Any, mx.array]:
         leaves = [g for _, g in tree_flatten(grads)]
@@ -249,29 +283,48 @@ class PPOTrainer:
         coef = mx.minimum(1.0, self.cfg.max_grad_norm / (norm + 1e-6))
         return tree_map(lambda g: g * coef, grads), norm
 
-    def _train_step(
-        self, batch: dict[str, mx.array], adapt: mx.array
-    ) -> tuple[mx.array, mx.array, mx.array]:
+    def _train_step(self, batch: dict[str, mx.array]) -> tuple[mx.array, mx.array, mx.array]:
+        cfg = self.cfg
         (loss, metrics), grads = self._loss_and_grad(self.model, batch)
-        if self.cfg.schedule == "adaptive":
-            self._adapt_learning_rate(metrics[3], adapt)
+        state = self.schedule_state
+        stopped = state["stopped"]
+        if cfg.schedule == "adaptive":
+            self._adapt_learning_rate(metrics[_KL])
+        if cfg.target_kl_stop > 0.0:
+            stopped = stopped | (metrics[_KL] > cfg.target_kl_stop)
+            params = self.model.trainable_parameters()
+            moments = {k: v for k, v in self.optimizer.state.items() if k != "learning_rate"}
         grads, grad_norm = self._clip_grads(grads)
         self.optimizer.update(self.model, grads)
+        if cfg.target_kl_stop > 0.0:
+            # A stopped step (and every later one of this update) leaves the model and
+            # Adam's moments as they were; the rate keeps what the schedule decided.
+            def keep(new: mx.array, old: mx.array) -> mx.array:
+                return mx.where(stopped, old, new)
+
+            self.model.update(tree_map(keep, self.model.trainable_parameters(), params))
+            self.optimizer.state.update(
+                tree_map(keep, {k: self.optimizer.state[k] for k in moments}, moments)
+            )
+        state["stopped"] = stopped
+        lr = self.optimizer.learning_rate.astype(mx.float32).reshape(1)
+        metrics = mx.concatenate([metrics[:_LR], lr])
         params_sum = sum(mx.sum(p) for _, p in tree_flatten(self.model.trainable_parameters()))
-        # Status: 0 good, 1 loss non-finite, 2 gradients non-finite, 3 parameters non-finite.
+        # Status: 0 good, 1 loss non-finite, 2 gradients non-finite, 3 parameters non-finite,
+        # 4 not applied (the KL early stop).
         status = mx.where(
             ~mx.isfinite(loss),
             1,
             mx.where(~mx.isfinite(grad_norm), 2, mx.where(~mx.isfinite(params_sum), 3, 0)),
         )
-        return loss, metrics, status
+        return loss, metrics, mx.where(stopped, 4, status)
 
-    def _run_step(self, batch: dict[str, mx.array], adapt: mx.array):
+    def _run_step(self, batch: dict[str, mx.array]):
         if self._step_verified or self._step is self._train_step:
-            return self._step(batch, adapt)
+            return self._step(batch)
         snapshot = self._snapshot()
         try:
-            outputs = self._step(batch, adapt)
+            outputs = self._step(batch)
             # MLX builds compiled kernels lazily: evaluate the first step here, so a JIT
             # failure (e.g. no C++ compiler) is caught, not raised by a later eval.
             mx.eval(outputs, self._state())
@@ -279,7 +332,7 @@ class PPOTrainer:
             self._compile_failed(error)
             self._restore(snapshot)
             self._step = self._train_step
-            outputs = self._step(batch, adapt)
+            outputs = self._step(batch)
         self._step_verified = True
         return outputs
 
@@ -293,62 +346,112 @@ class PPOTrainer:
         self.optimizer.state.update(tree_map(lambda x: x, opt_state))
         self.schedule_state.update(schedule_state)
 
-    def _intervals(self, iteration: int) -> tuple[int, int]:
+    def _check_interval(self, iteration: int) -> int:
         cfg = self.cfg
         if 0 <= iteration < cfg.warmup_strict_iters:
-            return cfg.warmup_metrics_interval, cfg.warmup_finite_check_interval
-        return cfg.metrics_interval, cfg.finite_check_interval
+            return cfg.warmup_finite_check_interval
+        return cfg.finite_check_interval
+
+    def _advantage_std_floor(self, advantages: np.ndarray) -> float:
+        """The floor for this rollout's advantage std; folds its std into the running mean."""
+        state = self.schedule_state
+        seen = float(state["rollouts_seen"].item())
+        floor = self.cfg.advantage_std_floor * float(state["adv_std_mean"].item())
+        std = float(np.std(advantages))
+        if np.isfinite(std):
+            # A plain mean over the first rollouts, then an exponential one over ~20.
+            weight = 1.0 / min(seen + 1.0, 20.0)
+            mean = (1.0 - weight) * float(state["adv_std_mean"].item()) + weight * std
+            state["adv_std_mean"] = mx.array(mean, mx.float32)
+            state["rollouts_seen"] = mx.array(seen + 1.0, mx.float32)
+        return floor
 
     def update(self, buffer: RolloutBuffer, iteration: int = -1) -> dict[str, float]:
-        """Run the epochs over ``buffer`` (returns and advantages already computed)."""
+        """Run the epochs over ``buffer`` (returns and raw advantages already computed)."""
         cfg = self.cfg
-        metrics_interval, check_interval = self._intervals(iteration)
+        check_interval = self._check_interval(iteration)
         skipped = {1: 0, 2: 0, 3: 0}
         rolled_back = early_stopped = unchecked = 0
-        metric_sum, applied = mx.zeros((len(METRIC_KEYS),)), 0
-        pending_sum, worst = mx.zeros_like(metric_sum), mx.array(0)
+        width = len(METRIC_KEYS)
+        metric_sum, applied = mx.zeros((width,)), 0
+        metric_max, metric_min = mx.full((width,), -np.inf), mx.full((width,), np.inf)
+        pending = (mx.zeros_like(metric_sum), metric_max, metric_min, mx.array(0), mx.array(0))
+        self.schedule_state["stopped"] = mx.array(False)
         snapshot = self._snapshot()
 
         def check() -> None:
             """Keep the steps since the last check, or roll them all back."""
-            nonlocal snapshot, rolled_back, unchecked, metric_sum, applied, pending_sum, worst
+            nonlocal snapshot, rolled_back, unchecked, metric_sum, applied, pending
+            nonlocal metric_max, metric_min
+            sums, maxima, minima, worst, count = pending
             code = int(worst.item())
             if code == 0:
-                metric_sum, applied = metric_sum + pending_sum, applied + unchecked
+                metric_sum, applied = metric_sum + sums, applied + int(count.item())
+                metric_max = mx.maximum(metric_max, maxima)
+                metric_min = mx.minimum(metric_min, minima)
                 snapshot = self._snapshot()
             else:
                 self._restore(snapshot)
                 rolled_back += 1
                 skipped[code] += unchecked
-            pending_sum, worst, unchecked = mx.zeros_like(metric_sum), mx.array(0), 0
+            pending = (mx.zeros_like(metric_sum), mx.full((width,), -np.inf),
+                       mx.full((width,), np.inf), mx.array(0), mx.array(0))
+            unchecked = 0
 
+        floor = self._advantage_std_floor(buffer.advantages)
+        if not cfg.normalize_advantage_per_mini_batch:
+            buffer.advantages = np.asarray(
+                normalize_advantages(mx.array(buffer.advantages), mx.array(floor, mx.float32))
+            )
         self.shuffle_key, key = mx.random.split(self.shuffle_key)
         batches = buffer.mini_batch_generator(
             cfg.num_mini_batches, cfg.num_learning_epochs, key=key
         )
+        floor_array = mx.array(floor, mx.float32)
         for index, batch in enumerate(batches):
-            adapt = mx.array(index % cfg.adaptive_lr_update_interval == 0)
-            _, metrics, status = self._run_step(batch, adapt)
-            # A bad step poisons every later one, so the worst status since the last
-            # check decides whether those steps are kept.
-            pending_sum, worst = pending_sum + metrics, mx.maximum(worst, status)
+            batch["adv_std_floor"] = floor_array
+            _, metrics, status = self._run_step(batch)
+            sums, maxima, minima, worst, count = pending
+            # A stopped step is not applied: its metrics do not count.
+            applied_step = status != 4
+            masked = mx.where(applied_step, metrics, 0.0)
+            pending = (
+                sums + masked,
+                mx.where(applied_step, mx.maximum(maxima, metrics), maxima),
+                mx.where(applied_step, mx.minimum(minima, metrics), minima),
+                # A bad step poisons every later one, so the worst status since the last
+                # check decides whether those steps are kept.
+                mx.maximum(worst, mx.where(applied_step, status, 0)),
+                count + applied_step.astype(mx.int32),
+            )
             unchecked += 1
-            mx.eval(self._state(), pending_sum, worst)
+            mx.eval(self._state(), pending)
             if not cfg.disable_finite_checks and (index + 1) % check_interval == 0:
                 check()
-            if cfg.target_kl_stop > 0.0 and (index + 1) % metrics_interval == 0:
-                if float(metrics[3].item()) > cfg.target_kl_stop:
-                    early_stopped += 1
-                    break
+            # Every step is evaluated already, so reading the flag costs no extra sync.
+            if cfg.target_kl_stop > 0.0 and bool(self.schedule_state["stopped"].item()):
+                early_stopped = 1
+                break
         if unchecked:
             check()
         means = (metric_sum / max(applied, 1)).tolist()
         out = {key: float(v) for key, v in zip(METRIC_KEYS, means, strict=True)}
+        maxima, minima = metric_max.tolist(), metric_min.tolist()
+        out["approx_kl_max"] = maxima[_KL] if applied else 0.0
+        out["ratio_max"] = maxima[_RATIO_MAX] if applied else 0.0
+        out["learning_rate_min"] = minima[_LR] if applied else self.learning_rate
+        out["learning_rate_max"] = maxima[_LR] if applied else self.learning_rate
         out["learning_rate"] = self.learning_rate
+        out["adv_std_floor"] = floor
         out["updates_applied"] = float(applied)
         out["skipped_nonfinite_loss"] = float(skipped[1])
         out["skipped_nonfinite_grads"] = float(skipped[2] + skipped[3])
         out["rolled_back_updates"] = float(rolled_back)
-        out["skipped_nonfinite_metrics"] = 0.0
         out["early_stopped_kl"] = float(early_stopped)
         return out
+
+
+def normalize_advantages(advantages: mx.array, std_floor: mx.array) -> mx.array:
+    """Zero mean, divided by the std or by ``std_floor`` when the std is smaller."""
+    centered = advantages - mx.mean(advantages)
+    return centered / (mx.maximum(mx.std(advantages), std_floor) + 1e-8)
