@@ -24,6 +24,7 @@ from pathlib import Path
 from unilab_ros.metrics_log import read_metrics
 from unilab_ros.paths import config_file
 from unilab_ros.plot import plot_learning_curve
+from unilab_ros.rl.checkpoint import Checkpoint
 
 
 def isolated_ros_env(domain_id: int | None = None) -> dict[str, str]:
@@ -96,15 +97,32 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sim_train: trainer exited with code {trainer.returncode}", flush=True)
         return trainer.returncode or 1
     metrics = read_metrics(output / "metrics.csv")
-    png = plot_learning_curve(metrics, output / "learning_curve.png", title=params_file.stem)
+    best = best_policy(output / "best.safetensors")
+    png = plot_learning_curve(
+        metrics, output / "learning_curve.png", title=params_file.stem, best=best
+    )
     final_return = metrics["mean_return"][-1]
+    best_line = (
+        f"best mean return {best[1]:.1f} at iteration {best[0]}: {output / 'best.safetensors'}"
+        if best is not None
+        else "best: none yet (fewer finished episodes than best_min_episodes)"
+    )
     print(
         f"sim_train: {len(metrics['iteration'])} iterations, {int(metrics['env_steps'][-1])} env "
         f"steps in {elapsed:.0f}s; final mean return {final_return:.1f}\n"
-        f"  checkpoint: {output / 'latest.safetensors'}\n  learning curve: {png}",
+        f"  {best_line}\n"
+        f"  final checkpoint: {output / 'latest.safetensors'}\n  learning curve: {png}",
         flush=True,
     )
     return 0
+
+
+def best_policy(path: Path) -> tuple[int, float] | None:
+    """(iteration, mean return) of the kept best policy, if the run kept one."""
+    if not path.is_file():
+        return None
+    checkpoint = Checkpoint(path)
+    return checkpoint.iteration, float(checkpoint.extra["best_mean_return"])
 
 
 if __name__ == "__main__":
