@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
@@ -9,10 +10,11 @@ import mlx.core as mx
 import numpy as np
 
 from unilab_ros.rl.buffer import RolloutBuffer
-from unilab_ros.rl.distributions import diag_gaussian_log_prob
 from unilab_ros.rl.model import MLPActorCritic, ModelConfig
 from unilab_ros.rl.policy import PolicySampler
 from unilab_ros.rl.ppo import PPOConfig, PPOTrainer
+
+_LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
 
 
 @dataclass
@@ -43,12 +45,12 @@ class AgentConfig:
 class PPOAgent:
     """Owns the model, rollout buffer and PPO trainer of one training session.
 
-    Collection only evaluates the actor's mean and samples noise. The policy does not
-    change while a rollout is collected, so when it is full ``update`` computes, in one
-    batched pass, exactly what the acting policy computed for every stored step (its
-    log-probs, means, stds and values, under the normalizer it acted with); these are
-    PPO's "old" outputs. Only then is the rollout merged into the observation
-    normalizer, so the ratio and KL of the update include the normalizer's change.
+    Collection evaluates the actor's mean and samples noise; each recorded step keeps
+    the acting policy's mean, std and log-prob of its action, PPO's "old" outputs, so
+    the ratio and KL of an update are measured against the policy that collected the
+    data. The values are computed for the whole rollout at once before the epochs (the
+    policy and the normalizer do not change while a rollout is collected), and the
+    rollout enters the observation normalizer only after the epochs.
     ``action_bounds`` (policy units, see ``ActionMapper.policy_bounds``) feed the bounds
     loss.
     """
@@ -84,18 +86,35 @@ class PPOAgent:
         self.sampler = PolicySampler(self.model, cfg.seed + 2)
         self.iteration = 0
         self.env_steps = 0
+        self._acted: tuple[np.ndarray | None, np.ndarray, np.ndarray] = (
+            None, self.sampler.last_mean, self.sampler.last_std)
         mx.eval(self.model.parameters())
 
     def act(self, obs: np.ndarray, deterministic: bool = False) -> np.ndarray:
         """Policy actions (num_envs, action_dim) for raw observations."""
-        return self.sampler(obs, deterministic)
+        actions = self.sampler(obs, deterministic)
+        self._acted = (actions, self.sampler.last_mean, self.sampler.last_std)
+        return actions
 
     def record(
         self, obs: np.ndarray, actions: np.ndarray, rewards: np.ndarray, dones: np.ndarray
     ) -> bool:
-        """Store one step of every env; True when the rollout is full."""
+        """Store one step of every env; True when the rollout is full.
+
+        With the actions comes what the acting policy computed for them: its mean, std
+        and log-prob (PPO's "old" outputs). ``actions`` returned by the latest ``act``
+        reuse that call's mean; others (a step recorded later) get the mean of the same,
+        unchanged policy, recomputed without drawing noise.
+        """
+        acted, mean, std = self._acted
+        if actions is not acted:
+            self.sampler(obs, deterministic=True)
+            mean, std = self.sampler.last_mean, self.sampler.last_std
+        actions = np.asarray(actions, np.float32).reshape(self.cfg.num_envs, -1)
+        z = (actions - mean) / std
+        log_probs = np.sum(-0.5 * z * z - np.log(std) - _LOG_SQRT_2PI, axis=-1)
         scaled = np.asarray(rewards, np.float32) * self.cfg.reward_scale
-        self.buffer.add(obs, actions, None, None, None, scaled, dones, None)
+        self.buffer.add(obs, actions, log_probs, mean, std, scaled, dones, None)
         self.env_steps += self.cfg.num_envs
         return self.buffer.full
 
@@ -112,17 +131,17 @@ class PPOAgent:
         start = time.perf_counter()
         buffer = self.buffer
         obs = mx.array(buffer.observations.reshape(-1, self.cfg.obs_dim))
-        mean, std, log_std = self.model.distribution_params(obs)
-        actions = mx.array(buffer.actions.reshape(-1, self.cfg.action_dim))
-        log_probs = diag_gaussian_log_prob(actions, mean, log_std)
         values = self.model.value(obs)
         last_values = self.model.value(mx.array(last_obs))
-        mx.eval(mean, std, log_probs, values, last_values)
-        buffer.set_policy_outputs(log_probs, mean, std, values)
+        mx.eval(values, last_values)
+        buffer.values[: buffer.step] = np.array(values).reshape(buffer.step, -1)
         buffer.compute_returns_and_advantages(np.array(last_values))
+        metrics = self.trainer.update(buffer, self.iteration)
+        # The epochs trained on inputs normalized as the acting policy saw them (as
+        # rsl_rl and Stable-Baselines3 do by storing normalized observations); the next
+        # rollout acts with the statistics that include this one.
         if self.model_cfg.normalize_observations:
             self.model.normalizer.update(obs)
-        metrics = self.trainer.update(buffer, self.iteration)
         buffer.clear()
         self.iteration += 1
         metrics["update_time"] = time.perf_counter() - start

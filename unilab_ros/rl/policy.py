@@ -116,6 +116,9 @@ class PolicySampler:
         }
         self._stream = 0
         self.key = mx.random.key(seed)
+        self.last_mean = np.zeros((0, model.action_dim), np.float32)
+        """The mean action of the latest call (what PPO stores as the acting policy's)."""
+        self.last_std = np.ones(model.action_dim, np.float32)
 
     @property
     def key(self) -> mx.array:
@@ -135,15 +138,17 @@ class PolicySampler:
         if self._actor is None or not self._actor.is_copy_of(arrays):
             self._actor = _NumpyActor(self.model, arrays, self._activation)
         mean = self._actor.mean(obs)
+        self.last_mean, self.last_std = mean, self._actor.std
         if deterministic:
             return mean
         return mean + self._actor.std * self._noise(mean.shape)
 
     def _mlx_actions(self, obs: np.ndarray, deterministic: bool) -> np.ndarray:
         mean = self.model.policy(mx.array(obs))
-        if deterministic:
-            return np.array(mean)
         std, _ = self.model.std_and_log_std()
+        self.last_mean, self.last_std = np.array(mean), np.array(std)
+        if deterministic:
+            return self.last_mean
         return np.array(mean + std * mx.array(self._noise(tuple(mean.shape))))
 
     def _noise(self, shape: tuple[int, ...]) -> np.ndarray:
