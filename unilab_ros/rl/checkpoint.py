@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from importlib import metadata as importlib_metadata
 from pathlib import Path
 from typing import Any
@@ -121,14 +121,30 @@ class Checkpoint:
         if meta.get("format") != FORMAT:
             raise CheckpointError(f"{self.path} is not a {FORMAT} file")
         self.arrays: dict[str, mx.array] = arrays
-        self.kind = meta["kind"]
-        self.agent_cfg = AgentConfig(**json.loads(meta["agent"]))
-        self.model_cfg = ModelConfig(**json.loads(meta["model"]))
-        self.ppo_cfg = PPOConfig(**json.loads(meta["ppo"]))
-        self.iteration = int(meta["iteration"])
-        self.env_steps = int(meta["env_steps"])
-        self.versions: dict[str, str] = json.loads(meta["versions"])
-        self.extra: dict[str, Any] = json.loads(meta["extra"])
+        self.ignored_fields: list[str] = []
+        """Config fields named by the file that this version no longer has."""
+        try:
+            self.kind = meta["kind"]
+            self.agent_cfg = self._config(AgentConfig, "agent", meta)
+            self.model_cfg = self._config(ModelConfig, "model", meta)
+            self.ppo_cfg = self._config(PPOConfig, "ppo", meta)
+            self.iteration = int(meta["iteration"])
+            self.env_steps = int(meta["env_steps"])
+            self.versions: dict[str, str] = json.loads(meta.get("versions", "{}"))
+            self.extra: dict[str, Any] = json.loads(meta.get("extra", "{}"))
+        except (KeyError, TypeError, ValueError) as error:
+            raise CheckpointError(
+                f"{self.path} has malformed metadata ({type(error).__name__}: {error})"
+            ) from None
+
+    def _config(self, cls: type, key: str, meta: dict[str, str]) -> Any:
+        """A config from the metadata; fields this version dropped are set aside (a
+        checkpoint written before a field was removed still loads), missing ones keep
+        their defaults."""
+        values = json.loads(meta[key])
+        known = {f.name for f in fields(cls)}
+        self.ignored_fields += [f"{key}.{name}" for name in values if name not in known]
+        return cls(**{name: value for name, value in values.items() if name in known})
 
     def group(self, prefix: str) -> Any:
         """The nested tree stored under ``prefix/``."""
