@@ -30,6 +30,7 @@ from std_msgs.msg import (  # noqa: E402
     String,
     UInt8MultiArray,
 )
+from std_srvs.srv import Empty  # noqa: E402
 
 from unilab_ros.gym_env_node import GymEnvConfigError, GymEnvNode  # noqa: E402
 from unilab_ros.messages import (  # noqa: E402
@@ -105,6 +106,19 @@ class Harness:
         return (read_vector(self.received['reward'][-1], num_envs),
                 read_done_codes(self.received['done'][-1], num_envs),
                 read_matrix(self.received['observation'][-1], num_envs, obs_dim))
+
+    def call(self, service: str) -> None:
+        """Call the env node's ~/pause or ~/resume and wait for the answer."""
+        client = self.peer.create_client(Empty, f'gym_env/{service}')
+        try:
+            assert self.spin_until(client.service_is_ready), f'no service {service}'
+            future = client.call_async(Empty.Request())
+            assert self.spin_until(future.done), f'{service} did not answer'
+        finally:
+            self.peer.destroy_client(client)
+
+    def published(self) -> dict[str, int]:
+        return {topic: len(self.received[topic]) for topic in ('observation', 'reward', 'done')}
 
     @property
     def observation_shape(self) -> tuple[int, int]:
@@ -253,7 +267,50 @@ def test_status_reports_the_counters(harness_factory):
                                           for msg in harness.received['status']))
     status = json.loads(harness.received['status'][-1].data)
     assert status['steps'] == 1 and status['rejected_actions'] == 0
+    assert status['actions_while_paused'] == 0 and status['paused'] is False
     assert status['mean_return'] == pytest.approx(harness.env.counters.mean_return)
+
+
+def test_paused_actions_are_counted_and_dropped_and_resume_steps_on(harness_factory):
+    harness = harness_factory(num_envs=2, seed=1)
+    reference, _ = _reference_envs('Pendulum-v1', 2, seed=1)
+    action = np.array([[0.5], [-0.5]], dtype=np.float32)
+    harness.step(action)
+    for i, env in enumerate(reference):
+        env.step(action[i])
+
+    harness.call('pause')
+    assert harness.env.paused
+    published = harness.published()
+    for count in (1, 2, 3):
+        harness.send(to_float32_msg(np.full((2, 1), 2.0), ('env', 'action')))
+        assert harness.spin_until(
+            lambda c=count: harness.env.counters.actions_while_paused == c)
+    harness.call('resume')
+    assert not harness.env.paused
+    harness.spin_for(0.2)
+    assert harness.env.counters.steps == 1, 'a paused env is not stepped'
+    assert harness.published() == published, 'neither pause nor resume publishes'
+
+    # The next action steps from the state published last: the dropped ones left no trace.
+    _, _, observation = harness.step(action)
+    expected = np.stack([env.step(action[i])[0] for i, env in enumerate(reference)])
+    np.testing.assert_allclose(observation, expected, rtol=1e-5)
+    assert harness.env.counters.steps == 2
+    assert harness.env.counters.actions_while_paused == 3
+    assert harness.env.counters.rejected_actions == 0
+
+
+def test_paused_before_the_first_action_the_first_observation_is_not_republished(
+        harness_factory):
+    harness = harness_factory(republish_period=0.05)
+    harness.call('pause')
+    publishes = harness.env.counters.first_observation_publishes
+    harness.spin_for(0.3)
+    assert harness.env.counters.first_observation_publishes == publishes
+    harness.call('resume')
+    assert harness.spin_until(
+        lambda: harness.env.counters.first_observation_publishes > publishes)
 
 
 def test_mujoco_env_is_served(harness_factory):

@@ -601,12 +601,21 @@ def test_the_simulator_is_paused_for_the_update_and_resumed(make_env, service_ty
     env = make_env(
         pause_service="/sim/pause", resume_service="/sim/resume", pause_service_type=service_type
     )
-    calls: list[tuple[str, int, object]] = []
+    calls: list[tuple[str, int, object, int, bool]] = []
 
     def handler(name: str):
         def serve(request, response):
-            # The iteration at call time tells whether the update had run yet.
-            calls.append((name, env.trainer.agent.iteration, getattr(request, "data", None)))
+            # The iteration at call time tells whether the update had run yet; the safe
+            # actions published, and whether an action awaits its step, tell that the safe
+            # action follows the pause and the next action follows the resume.
+            trainer = env.trainer
+            calls.append((
+                name,
+                trainer.agent.iteration,
+                getattr(request, "data", None),
+                trainer.counters["safe_actions_published"],
+                trainer.sync.awaiting_step,
+            ))
             if hasattr(response, "success"):
                 response.success = True
             return response
@@ -620,8 +629,9 @@ def test_the_simulator_is_paused_for_the_update_and_resumed(make_env, service_ty
         env.step(expected_actions=0)
     assert env.spin_until(lambda: len(calls) == 2 and len(env.action_msgs) >= NUM_STEPS + 2)
     data = {"setbool": (True, False)}.get(service_type, (None, None))
-    assert calls == [("pause", 0, data[0]), ("resume", 1, data[1])]
+    assert calls == [("pause", 0, data[0], 0, False), ("resume", 1, data[1], 1, False)]
     assert env.trainer.agent.iteration == 1
+    assert is_safe(env.actions[NUM_STEPS]) and not is_safe(env.actions[NUM_STEPS + 1])
 
 
 def test_a_missing_pause_service_is_a_warning_not_a_stall(make_env):
@@ -631,3 +641,32 @@ def test_a_missing_pause_service_is_a_warning_not_a_stall(make_env):
         env.step(expected_actions=0)
     assert env.spin_until(lambda: env.trainer.agent.iteration == 1)
     assert env.trainer.status()["sim_service_failures"] == 2
+
+
+def test_a_silent_pause_service_times_out_and_the_update_goes_on(make_env, context):
+    env = make_env(
+        pause_service="/sim/pause", resume_service="/sim/resume", service_timeout=0.3
+    )
+    # Served by a node no executor spins: discovered, but never answering.
+    silent = rclpy.create_node("silent_sim", context=context)
+    try:
+        for name in ("/sim/pause", "/sim/resume"):
+            silent.create_service(Empty, name, lambda _request, response: response)
+        assert env.spin_until(lambda: all(
+            client.service_is_ready() for client in env.trainer.clients
+        ))
+        env.start()
+        for _ in range(NUM_STEPS - 1):
+            env.step()
+        started = time.monotonic()
+        env.step(expected_actions=2)
+        # Each timeout fired once: the safe action after the pause's, the action after the
+        # resume's.
+        assert 0.6 <= time.monotonic() - started < WAIT_S
+        assert env.trainer.agent.iteration == 1
+        assert is_safe(env.actions[NUM_STEPS]) and not is_safe(env.actions[NUM_STEPS + 1])
+        assert env.trainer.status()["sim_service_failures"] == 2
+        env.step()
+        assert env.trainer.agent.buffer.step == 1
+    finally:
+        silent.destroy_node()

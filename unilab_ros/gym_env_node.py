@@ -5,6 +5,11 @@
 `action` arrives, so a trainer started later still gets its first state. Each valid action
 then steps every env and publishes `reward`, `done` and the next `observation`, in that
 order. Only Box observation and Box action spaces are served.
+
+`~/pause` and `~/resume` (std_srvs/Empty) stop and restart the simulation, as Gazebo's
+/pause_physics and /unpause_physics do: while paused, actions are counted and dropped and
+nothing is published; resume publishes nothing either, so the next action steps from the
+state published last.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from dataclasses import asdict, dataclass, fields
 from rclpy.exceptions import InvalidParameterTypeException
 from rclpy.node import Node
 from std_msgs.msg import Float32MultiArray, Float64MultiArray, String, UInt8MultiArray
+from std_srvs.srv import Empty
 
 from unilab_ros.executors import run_node
 from unilab_ros.gym_vector import RETURN_WINDOW, GymEnvConfigError, GymVectorSim
@@ -28,6 +34,7 @@ from unilab_ros.messages import (
 NODE_NAME = 'gym_env'
 ACTION_TYPES = {'float32': Float32MultiArray, 'float64': Float64MultiArray}
 REJECT_LOG_PERIOD_S = 2.0
+PAUSED_LOG_PERIOD_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -78,6 +85,7 @@ class GymEnvCounters:
     steps: int
     episodes: int
     rejected_actions: int
+    actions_while_paused: int
     first_observation_publishes: int
     mean_return: float | None
 
@@ -99,6 +107,8 @@ class GymEnvNode(Node):
         self._sim = GymVectorSim(params.env_id, params.num_envs, params.seed,
                                  params.max_episode_steps)
         self._rejected_actions = 0
+        self._actions_while_paused = 0
+        self._paused = False
         self._first_observation_publishes = 0
         self._logged_episodes = 0
 
@@ -109,6 +119,8 @@ class GymEnvNode(Node):
         self._status_pub = self.create_publisher(String, '~/status', 10)
         self.create_subscription(ACTION_TYPES[params.action_type], 'action', self._on_action,
                                  params.qos_depth)
+        self.create_service(Empty, '~/pause', self._srv_pause)
+        self.create_service(Empty, '~/resume', self._srv_resume)
 
         self._first_observation = to_float32_msg(self._sim.reset(), ('env', 'obs'))
         self._publish_first_observation()
@@ -135,12 +147,17 @@ class GymEnvNode(Node):
     def counters(self) -> GymEnvCounters:
         return GymEnvCounters(steps=self._sim.steps, episodes=self._sim.episodes,
                               rejected_actions=self._rejected_actions,
+                              actions_while_paused=self._actions_while_paused,
                               first_observation_publishes=self._first_observation_publishes,
                               mean_return=self._sim.mean_return())
 
     @property
     def waiting_for_first_action(self) -> bool:
         return self._first_observation is not None
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
 
     def destroy_node(self) -> None:
         if getattr(self, '_sim', None) is not None:
@@ -149,12 +166,20 @@ class GymEnvNode(Node):
         super().destroy_node()
 
     def _publish_first_observation(self) -> None:
-        if self._first_observation is None:
+        # Paused, the simulation publishes nothing: a trainer that saw a state now would act
+        # on it, and its action would be dropped.
+        if self._first_observation is None or self._paused:
             return
         self._observation_pub.publish(self._first_observation)
         self._first_observation_publishes += 1
 
     def _on_action(self, msg: Float32MultiArray | Float64MultiArray) -> None:
+        if self._paused:
+            self._actions_while_paused += 1
+            self.get_logger().info(
+                f'paused: action dropped, env not stepped ({self._actions_while_paused} so far)',
+                throttle_duration_sec=PAUSED_LOG_PERIOD_S)
+            return
         try:
             actions = read_matrix(msg, self._sim.num_envs, self._sim.action_dim)
         except MessageError as error:
@@ -172,6 +197,14 @@ class GymEnvNode(Node):
             f'rejected action, env not stepped ({self._rejected_actions} so far): {reason}',
             throttle_duration_sec=REJECT_LOG_PERIOD_S)
 
+    def _srv_pause(self, _request: Empty.Request, response: Empty.Response) -> Empty.Response:
+        self._paused = True
+        return response
+
+    def _srv_resume(self, _request: Empty.Request, response: Empty.Response) -> Empty.Response:
+        self._paused = False
+        return response
+
     def _stop_republishing(self) -> None:
         self._first_observation = None
         if self._republish_timer is not None:
@@ -180,7 +213,8 @@ class GymEnvNode(Node):
 
     def _report(self) -> None:
         counters = self.counters
-        self._status_pub.publish(String(data=json.dumps(asdict(counters))))
+        self._status_pub.publish(
+            String(data=json.dumps({**asdict(counters), 'paused': self._paused})))
         new_episodes = counters.episodes - self._logged_episodes
         if new_episodes == 0:
             return

@@ -34,7 +34,7 @@ class TrainerNodeConfig:
     pause_service_type: str = "empty"
     """Type of both services: empty, trigger (std_srvs) or setbool (data true pauses)."""
     service_timeout: float = 2.0
-    """Seconds to wait for the pause service before updating anyway."""
+    """Seconds to wait for the pause (resume) service before updating (acting) anyway."""
     checkpoint_dir: str = "checkpoints"
     """Folder for checkpoints, the metrics CSV and TensorBoard logs."""
     checkpoint_interval: int = 50

@@ -66,6 +66,9 @@ class TrainerNode(Node):
         """``arrival_ordered``: the executor runs callbacks in arrival order, so the
         time a callback starts orders messages; else the middleware's reception
         stamps do (the SingleThreadedExecutor serves topics in its own order)."""
+        # Closed until fully built: at shutdown rclpy's context destroys, and so closes, a
+        # node whose constructor raised, and such a node has nothing to save.
+        self._closed = True
         super().__init__(NODE_NAME, **kwargs)
         for config, prefix in (
             (AgentConfig(), ""),
@@ -104,7 +107,6 @@ class TrainerNode(Node):
             "safe_actions_published": 0,
         }
         self.state = State.WAITING
-        self._closed = False
         self._updates_run = 0
         self.last_metrics: dict[str, float] = {}
         self._latest_obs: tuple[np.ndarray, int] | None = None
@@ -117,7 +119,6 @@ class TrainerNode(Node):
         self._last_obs_time: float | None = None
         self._watchdog_tripped = False
         self._iteration_start = (time.perf_counter(), self.agent.env_steps)
-        self._pause_wait: tuple[Any, float] | None = None
         self._checkpoint_dir = Path(self.cfg.checkpoint_dir)
         self._log = MetricsLog(self._checkpoint_dir, self.cfg.tensorboard)
 
@@ -139,7 +140,11 @@ class TrainerNode(Node):
         self.create_service(SetBool, "~/set_training", self._srv_set_training)
         self.create_service(SetBool, "~/set_deterministic", self._srv_set_deterministic)
         self._sim = SimPause(
-            self, self.cfg.pause_service, self.cfg.resume_service, self.cfg.pause_service_type
+            self,
+            self.cfg.pause_service,
+            self.cfg.resume_service,
+            self.cfg.pause_service_type,
+            self.cfg.service_timeout,
         )
         steady = Clock(clock_type=ClockType.STEADY_TIME)
         # Step deadlines follow the node clock (a paused simulator drops nothing); the
@@ -147,12 +152,12 @@ class TrainerNode(Node):
         self.create_timer(min(0.05, self.cfg.step_timeout / 4.0), self._check_step_deadline)
         self.create_timer(min(0.1, self.cfg.obs_timeout / 2.0), self._watchdog, clock=steady)
         self.create_timer(1.0, self._publish_status, clock=steady)
-        self.create_timer(0.01, self._poll_pause, clock=steady)
         self.get_logger().info(
             f"ready: {self.num_envs} envs x obs {self.obs_dim} -> action {self.action_dim}, "
             f"rollout {agent_cfg.num_steps} steps, iteration {self.agent.iteration}, "
             f"BLAS: {blas_description()}"
         )
+        self._closed = False
 
     @property
     def finished(self) -> bool:
@@ -285,27 +290,15 @@ class TrainerNode(Node):
     def _begin_update(self) -> None:
         self.state = State.UPDATING
         self.sync.reset()
-        if self.cfg.update_safe_action:
-            self._publish_safe_action()
         self._publish_status()
-        future = self._sim.pause()
-        if future is None:
-            self._run_update()
-        else:
-            self._pause_wait = (future, time.monotonic() + self.cfg.service_timeout)
-
-    def _poll_pause(self) -> None:
-        if self._pause_wait is None:
-            return
-        future, deadline = self._pause_wait
-        if future.done() or time.monotonic() > deadline:
-            if not future.done():
-                self.get_logger().warning("simulator pause did not answer: updating anyway")
-            self._pause_wait = None
-            self._run_update()
+        # Pause first: a safe action published before the pause answered could reach the
+        # simulator first and step it, a step nobody learns from.
+        self._sim.pause(then=self._run_update)
 
     def _run_update(self) -> None:
         assert self._bootstrap_obs is not None
+        if self.cfg.update_safe_action:
+            self._publish_safe_action()
         if self._updates_run == 0 and self.agent.ppo_cfg.enable_compile:
             self.get_logger().info(
                 "first update: MLX compiles its kernels (up to a minute on a new machine; "
@@ -317,7 +310,11 @@ class TrainerNode(Node):
         interval = self.cfg.checkpoint_interval
         if interval and self.agent.iteration % interval == 0:
             self.save("interval")
-        self._sim.resume()
+        # Act only once the simulator runs again: an action that reached it still paused
+        # would be dropped, and collection would stall until the step timed out.
+        self._sim.resume(then=self._restart_collecting)
+
+    def _restart_collecting(self) -> None:
         restart = self._drain_queued()
         if restart is None and self._latest_obs is not None:
             restart = self._latest_obs

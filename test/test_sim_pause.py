@@ -1,0 +1,100 @@
+"""The trainer against the real Gymnasium bridge, in one process: pausing around updates.
+
+The bridge spins in a thread of its own, so it answers while the trainer updates, as the
+two processes of sim_train do. With the bridge's ~/pause and ~/resume configured no env
+step is taken during an update, so every episode the trainer logs has the env's full
+length even though the rollout does not divide it. Without them the safe action published
+at each update steps the env, as before.
+"""
+
+import threading
+
+import pytest
+from rclpy.executors import SingleThreadedExecutor
+from rclpy.parameter import Parameter
+from ros_helpers import spin_until
+
+from unilab_ros.gym_env_node import GymEnvNode
+from unilab_ros.trainer_node import TrainerNode
+
+pytestmark = pytest.mark.ros
+
+NUM_ENVS, NUM_STEPS, MAX_EPISODE_STEPS, UPDATES = 2, 7, 20, 4
+"""4 rollouts of 7 steps: the first episode (20 steps) spans two updates."""
+STORED = UPDATES * NUM_STEPS
+WAIT_S = 20.0
+
+
+def overrides(params: dict) -> list[Parameter]:
+    return [Parameter(name, value=value) for name, value in params.items()]
+
+
+@pytest.fixture
+def run_pair(context, tmp_path):
+    """Run a bridge and a trainer until the trainer finished its updates."""
+    executors: list[SingleThreadedExecutor] = []
+    nodes: list = []
+    threads: list[threading.Thread] = []
+
+    def run(trainer_params: dict) -> tuple[GymEnvNode, TrainerNode]:
+        bridge = GymEnvNode(context=context, parameter_overrides=overrides({
+            "num_envs": NUM_ENVS, "max_episode_steps": MAX_EPISODE_STEPS,
+            "republish_period": 0.1}))
+        nodes.append(bridge)
+        trainer = TrainerNode(context=context, parameter_overrides=overrides({
+            "num_envs": NUM_ENVS, "obs_dim": 3, "action_dim": 1, "num_steps": NUM_STEPS,
+            "max_iterations": UPDATES, "safe_action": [0.0], "tensorboard": False,
+            "checkpoint_dir": str(tmp_path / "checkpoints"),
+            # Long timeouts: a step dropped on a busy machine would cut an episode.
+            "step_timeout": 10.0, "obs_timeout": 10.0,
+            "model.actor_hidden_dims": [8], "model.critic_hidden_dims": [8],
+            "ppo.num_mini_batches": 1, "ppo.num_learning_epochs": 1,
+            **trainer_params}))
+        nodes.append(trainer)
+        bridge_executor, executor = (SingleThreadedExecutor(context=context) for _ in "ab")
+        executors.extend((bridge_executor, executor))
+        bridge_executor.add_node(bridge)
+        executor.add_node(trainer)
+        threads.append(threading.Thread(target=bridge_executor.spin, daemon=True))
+        threads[-1].start()
+
+        assert spin_until(executor, lambda: not bridge.waiting_for_first_action, WAIT_S)
+        # The bridge's re-published first observation may reach the trainer once more
+        # after it acted (a duplicate); no later observation may be taken for one.
+        spin_until(executor, lambda: False, 0.2)
+        duplicates = trainer.sync.counters["duplicate_messages"]
+        assert spin_until(executor, lambda: trainer.finished, WAIT_S), "updates did not finish"
+        # Time for the last update's safe action to reach the bridge.
+        spin_until(executor, lambda: False, 0.2)
+        assert trainer.sync.counters["duplicate_messages"] == duplicates
+        assert trainer.agent.iteration == UPDATES
+        assert trainer.sync.counters["steps_completed"] == STORED
+        assert trainer.counters["safe_actions_published"] == UPDATES
+        assert trainer.status()["sim_service_failures"] == 0
+        return bridge, trainer
+
+    yield run
+    for executor in executors:
+        executor.shutdown()
+    for thread in threads:
+        thread.join(timeout=5.0)
+    for node in nodes:
+        node.destroy_node()
+
+
+def test_with_the_pause_services_no_step_is_lost_to_updates(run_pair):
+    bridge, trainer = run_pair({
+        "pause_service": "gym_env/pause", "resume_service": "gym_env/resume",
+        "pause_service_type": "empty"})
+    assert trainer.sync.counters["steps_dropped"] == 0
+    assert bridge.counters.steps == STORED, "an env step was taken during an update"
+    # Each update's safe action reached the paused bridge and was dropped there.
+    assert bridge.counters.actions_while_paused == UPDATES
+    assert not bridge.paused
+    assert list(trainer.stats.finished_lengths) == [MAX_EPISODE_STEPS] * NUM_ENVS
+
+
+def test_without_the_pause_services_the_safe_action_steps_the_env(run_pair):
+    bridge, _ = run_pair({})
+    assert bridge.counters.steps == STORED + UPDATES
+    assert bridge.counters.actions_while_paused == 0
