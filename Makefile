@@ -61,18 +61,23 @@ demo: setup
 
 # Bench-only dependencies: PyTorch and rsl_rl as the reference implementation. rsl_rl,
 # tensordict and tensorboard go in without their dependencies (GitPython, onnx and the
-# rest serve logging and export, which the benchmarks do not touch); the three small
-# packages after them are what rsl_rl's PPO and storage need to import.
+# rest serve logging and export, which the benchmarks do not touch); pyvers, cloudpickle
+# and absl-py are what rsl_rl's PPO and storage need to import. Stable-Baselines3 is
+# bench/learning.py's reference PPO: it needs gymnasium and numpy (requirements.txt),
+# torch and cloudpickle (here); pandas serves only its monitor-file readers, unused here.
+# bench/learning.py trains tasks x seeds for hours on a small machine: it runs last.
 bench: setup $(BENCH_STAMP)
 	$(PY) bench/ppo_update.py
 	$(PY) bench/act_latency.py
+	$(PY) bench/learning.py
 
 # torch 2.13 needs setuptools>=77.0.3 and colcon-core 0.21 needs <80: pin one that fits
-# both, or pip would upgrade setuptools past what colcon supports.
-$(BENCH_STAMP): $(SETUP_STAMP)
+# both, or pip would upgrade setuptools past what colcon supports. The pins live in this
+# file, so a changed Makefile re-runs the installs (a no-op for what is already there).
+$(BENCH_STAMP): $(SETUP_STAMP) Makefile
 	$(PIP) install $(TORCH_PIP_ARGS) torch==2.13.0 setuptools==79.0.1
 	$(PIP) install --no-deps rsl-rl-lib==5.5.1 tensordict==0.15.3 tensorboard==2.21.0 \
-	  pyvers==0.2.3 cloudpickle==3.1.3 absl-py==2.5.1
+	  pyvers==0.2.3 cloudpickle==3.1.3 absl-py==2.5.1 stable-baselines3==2.9.2
 	touch $@
 
 lint: setup

@@ -3,15 +3,29 @@
     python bench/learning.py                          # every task, seeds 0-4 / 0-2
     python bench/learning.py --tasks pendulum --seeds 0 1 2 --steps 300000
     python bench/learning.py --quick                  # short budgets, a smoke run
+    python bench/learning.py --no-ros --no-sb3 --png /tmp/curves.png
 
 Each (task, seed) trains in-process (no ROS) from the task's shipped params file, in
 its own process (``--jobs`` at a time). The table gives, per task and seed, the
 rolling mean return (last 100 episodes, as the trainer logs it) at fixed env-step
 marks, the best and final rolling means, and the worst rolling mean after the task's
 threshold was first reached (a collapse shows there), wall seconds and env steps/s.
-The last line is machine-readable:
 
-    learning pendulum_worst=<x> pendulum_at_100k_min=<x> ip_at_100k_min=<x> ...
+Through ROS (``--ros``, the default for the tasks that list ``ros_seeds``: Pendulum,
+seeds 0-2): the main job ``sim_train`` (bridge and trainer as two processes talking over
+topics) trains ``--ros-steps`` env steps per seed; its metrics.csv gives the same table.
+Stable-Baselines3 (``--sb3``, the default when it imports; ``make bench`` installs it):
+SB3's PPO on the same task, budget and env count, with rl-baselines3-zoo's
+hyperparameters where it has them. ``--png`` draws the median and the min-max range over
+seeds of every curve, one panel per task. The last line is machine-readable:
+
+    learning pendulum_worst=<x> pendulum_at_100k_min=<x> ip_at_100k_min=<x> \
+hc_at_1m_mean=<x> sb3_hc_at_1m_mean=<x>
+
+pendulum_worst is the lowest rolling mean from 100k env steps to the end over every
+pendulum run (in-process and ROS), pendulum_at_100k_min the lowest at 100k, and
+ip_at_100k_min the same for InvertedPendulum; the hc figures average over seeds at 1M.
+nan: not measured (or a run failed, which is printed above).
 
 Floating-point rounding differs between CPUs, so a claim holds over seeds or not at all.
 """
@@ -21,15 +35,53 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import platform
 import subprocess
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+ROS_STEPS = 150_000
+"""Default budget through ROS: the issue's target for ROS seeds holds through 150k."""
+HOLD_FROM = 100_000
+"""pendulum_worst looks from here on: the target is >= -250 from 100k through the end."""
+
+# SB3 PPO hyperparameters from rl-baselines3-zoo, hyperparams/ppo.yml
+# (github.com/DLR-RM/rl-baselines3-zoo, commit 208b6fdf3a9a), verbatim. The zoo tunes
+# HalfCheetah-v4 and InvertedPendulum-v2; -v5 keeps their model, observation and reward,
+# so those entries serve for -v5. "n_envs" and "n_steps" are the zoo's: sb3_settings()
+# replaces n_envs by the task's env count and rescales n_steps (see there). policy_kwargs'
+# activation_fn names a torch.nn class (the zoo writes nn.ReLU).
+SB3_ZOO: dict[str, dict[str, Any]] = {
+    "Pendulum-v1": {
+        "n_envs": 4, "n_steps": 1024, "gae_lambda": 0.95, "gamma": 0.9, "n_epochs": 10,
+        "ent_coef": 0.0, "learning_rate": 1e-3, "clip_range": 0.2, "use_sde": True,
+        "sde_sample_freq": 4,
+    },
+    "HalfCheetah-v5": {
+        "normalize": True, "n_envs": 1, "n_steps": 512, "batch_size": 64, "gamma": 0.98,
+        "learning_rate": 2.0633e-05, "ent_coef": 0.000401762, "clip_range": 0.1,
+        "n_epochs": 20, "gae_lambda": 0.92, "max_grad_norm": 0.8, "vf_coef": 0.58096,
+        "policy_kwargs": {"log_std_init": -2, "ortho_init": False, "activation_fn": "ReLU",
+                          "net_arch": {"pi": [256, 256], "vf": [256, 256]}},
+    },
+    "InvertedPendulum-v5": {
+        "normalize": True, "n_envs": 1, "n_steps": 32, "batch_size": 64, "gamma": 0.999,
+        "learning_rate": 0.000222425, "ent_coef": 1.37976e-07, "clip_range": 0.4,
+        "n_epochs": 5, "gae_lambda": 0.9, "max_grad_norm": 0.3, "vf_coef": 0.19816,
+    },
+}
+SB3_DEFAULT_ROLLOUT = 2048
+"""SB3's default n_steps with the zoo's default single env: one update per 2048 steps."""
+MIN_STEPS_PER_ENV = 16
+"""Below this many steps per env and rollout, GAE would bootstrap nearly every step from
+the value function; the zoo's n_steps is kept then (a larger rollout, the same batches)."""
 
 
 @dataclass(frozen=True)
@@ -44,19 +96,39 @@ class Task:
     threshold: float
     """Rolling mean return that counts as solved; the worst value after it is reported."""
     marks: tuple[int, ...]
+    ros_seeds: tuple[int, ...] = ()
+    """Seeds also trained through ROS (sim_train); empty: in-process only."""
 
 
 TASKS = {
     task.name: task
     for task in (
         Task("pendulum", "pendulum", "pendulum.yaml", 500_000, (0, 1, 2, 3, 4), -200.0,
-             (50_000, 100_000, 150_000, 300_000, 500_000)),
+             (50_000, 100_000, 150_000, 300_000, 500_000), ros_seeds=(0, 1, 2)),
         Task("inverted_pendulum", "ip", "inverted_pendulum.yaml", 300_000, (0, 1, 2), 1000.0,
              (50_000, 100_000, 200_000, 300_000)),
         Task("halfcheetah", "hc", "halfcheetah.yaml", 1_000_000, (0, 1, 2), 1500.0,
              (250_000, 500_000, 1_000_000)),
     )
 }
+
+OURS, ROS, SB3 = "in-process", "via ROS", "SB3"
+"""The three ways a task is trained, in table and plot order."""
+
+
+@dataclass(frozen=True)
+class Job:
+    """One training run: a task and seed, trained one of the three ways."""
+
+    task: Task
+    kind: str
+    seed: int
+    env_steps: int
+    domain_id: int = 0
+    """ROS runs only: the ROS_DOMAIN_ID of this run's graph."""
+    work_dir: Path = field(default_factory=Path)
+    """The child's working directory (a temporary one: MuJoCo drops MUJOCO_LOG.TXT into
+    it); a ROS run's sim_train output goes below it."""
 
 
 def cpu_model() -> str:
@@ -94,22 +166,157 @@ def run_one(params_file: Path, seed: int, env_steps: int) -> dict:
             "best_iteration": best.iteration}
 
 
+def sb3_settings(env_id: str, num_envs: int) -> tuple[dict[str, Any], bool, str]:
+    """SB3 PPO keyword arguments for ``num_envs`` envs, whether to use VecNormalize, and
+    where the values come from.
+
+    The zoo tunes with its own env count; we run the task's, and keep the zoo's rollout
+    size (n_envs x n_steps, the data per update) by rescaling n_steps, unless that leaves
+    fewer than MIN_STEPS_PER_ENV steps per env."""
+    zoo = dict(SB3_ZOO.get(env_id, {}))
+    source = f"rl-zoo {env_id}" if zoo else "SB3 defaults"
+    normalize = bool(zoo.pop("normalize", False))
+    zoo_steps = int(zoo.get("n_steps", SB3_DEFAULT_ROLLOUT))
+    rollout = int(zoo.pop("n_envs", 1)) * zoo_steps
+    per_env = rollout // num_envs
+    zoo["n_steps"] = per_env if per_env >= MIN_STEPS_PER_ENV else zoo_steps
+    return zoo, normalize, f"{source}, n_steps {zoo['n_steps']} x {num_envs} envs"
+
+
+def run_sb3(env_id: str, num_envs: int, max_episode_steps: int, seed: int,
+            env_steps: int) -> dict:
+    """Train SB3's PPO in this process; the rolling mean of the last 100 episode returns
+    (SB3's Monitor, ep_info_buffer) after each rollout, as (env_steps, mean) pairs."""
+    import numpy as np
+    import torch
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
+
+    # One thread: --jobs runs share few cores, and these small networks gain little more.
+    torch.set_num_threads(1)
+    kwargs, normalize, _source = sb3_settings(env_id, num_envs)
+    policy_kwargs = dict(kwargs.pop("policy_kwargs", {}))
+    if "activation_fn" in policy_kwargs:
+        policy_kwargs["activation_fn"] = getattr(torch.nn, policy_kwargs["activation_fn"])
+    env_kwargs = {"max_episode_steps": max_episode_steps} if max_episode_steps else None
+    env = make_vec_env(env_id, n_envs=num_envs, seed=seed, vec_env_cls=DummyVecEnv,
+                       env_kwargs=env_kwargs)
+    if normalize:
+        # As rl-zoo does: the return normalization discounts with the algorithm's gamma.
+        env = VecNormalize(env, gamma=kwargs.get("gamma", 0.99))
+    curve: list[tuple[int, float]] = []
+
+    class RollingReturn(BaseCallback):
+        def _on_step(self) -> bool:
+            return True
+
+        def _on_rollout_end(self) -> None:
+            returns = [info["r"] for info in self.model.ep_info_buffer]
+            curve.append((self.num_timesteps,
+                          float(np.mean(returns)) if returns else math.nan))
+
+    model = PPO("MlpPolicy", env, seed=seed, device="cpu", verbose=0,
+                policy_kwargs=policy_kwargs or None, **kwargs)
+    start = time.perf_counter()
+    model.learn(total_timesteps=env_steps, callback=RollingReturn())
+    wall = time.perf_counter() - start
+    env.close()
+    # SB3 logs only the mean KL of an update, not the per-mini-batch max ours reports.
+    return {"curve": curve, "wall_s": wall, "kl_max": math.nan, "best_iteration": None}
+
+
 def _child(args: argparse.Namespace) -> None:
-    result = run_one(Path(args.params_file), args.seed, args.steps)
+    if args.child == SB3:
+        result = run_sb3(args.env_id, args.num_envs, args.max_episode_steps, args.seed,
+                         args.steps)
+    else:
+        result = run_one(Path(args.params_file), args.seed, args.steps)
     print(json.dumps(result))
 
 
-def run_in_child(task: Task, seed: int, env_steps: int, config_dir: Path) -> dict:
-    command = [sys.executable, __file__, "--child", "--params-file",
-               str(config_dir / task.params_file), "--seed", str(seed), "--steps",
-               str(env_steps)]
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
+def run_in_child(job: Job, config_dir: Path) -> dict:
+    command = [sys.executable, __file__, "--child", OURS, "--params-file",
+               str(config_dir / job.task.params_file), "--seed", str(job.seed), "--steps",
+               str(job.env_steps)]
+    return _run_json_child(command, f"{job.task.name} seed {job.seed}", job.work_dir)
+
+
+def task_env(task: Task, config_dir: Path) -> tuple[str, int, int]:
+    """The task's env id, env count and time limit (0: the env's own), from its params."""
+    from unilab_ros.rl.setup_file import load_setup
+
+    setup = load_setup(config_dir / task.params_file)
+    return setup.env_id, setup.agent.num_envs, setup.max_episode_steps
+
+
+def run_sb3_in_child(job: Job, config_dir: Path) -> dict:
+    # The child gets the env from us: it then imports torch and SB3 but not MLX.
+    env_id, num_envs, max_episode_steps = task_env(job.task, config_dir)
+    command = [sys.executable, __file__, "--child", SB3, "--env-id", env_id, "--num-envs",
+               str(num_envs), "--max-episode-steps", str(max_episode_steps), "--seed",
+               str(job.seed), "--steps", str(job.env_steps)]
+    return _run_json_child(command, f"{job.task.name} SB3 seed {job.seed}", job.work_dir)
+
+
+def _run_json_child(command: list[str], what: str, cwd: Path) -> dict:
+    done = subprocess.run(command, capture_output=True, text=True, check=False, cwd=cwd)
     if done.returncode != 0:
-        raise RuntimeError(f"{task.name} seed {seed} failed:\n{done.stderr[-2000:]}")
+        raise RuntimeError(f"{what} failed:\n{done.stderr[-2000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def summarize(task: Task, result: dict) -> dict:
+def run_ros(job: Job, config_dir: Path) -> dict:
+    """Train one seed through ROS: sim_train (bridge + trainer, two processes) in a child
+    process on its own domain; the curve from the run's metrics.csv."""
+    from unilab_ros.metrics_log import read_metrics
+    from unilab_ros.rl.setup_file import load_setup
+
+    params_file = config_dir / job.task.params_file
+    setup = load_setup(params_file)
+    iterations = math.ceil(job.env_steps / (setup.agent.num_envs * setup.agent.num_steps))
+    output = job.work_dir / f"{job.task.name}_ros_seed{job.seed}"
+    output.mkdir(parents=True, exist_ok=True)
+    # sim_train gives up after --timeout; ~300 steps/s is a tenth of its usual rate here.
+    timeout = max(900.0, job.env_steps / 300)
+    command = [sys.executable, "-m", "unilab_ros.sim_train", "--params-file", str(params_file),
+               "--iterations", str(iterations), "--output", str(output), "--seed", str(job.seed),
+               "--domain-id", str(job.domain_id), "--timeout", f"{timeout:.0f}"]
+    log = output / "sim_train.log"
+    # Wall time includes starting both nodes and ROS discovery, as a user's run does.
+    start = time.perf_counter()
+    with open(log, "w") as handle:
+        done = subprocess.run(command, stdout=handle, stderr=subprocess.STDOUT, check=False,
+                              cwd=job.work_dir)
+    wall = time.perf_counter() - start
+    metrics_csv = output / "metrics.csv"
+    if done.returncode != 0 or not metrics_csv.is_file():
+        tail = log.read_text(errors="replace")[-2000:]
+        raise RuntimeError(f"{job.task.name} via ROS seed {job.seed} failed "
+                           f"(exit {done.returncode}):\n{tail}")
+    metrics = read_metrics(metrics_csv)
+    curve = [(int(steps), value)
+             for steps, value in zip(metrics["env_steps"], metrics["mean_return"], strict=True)]
+    kl = [value for value in metrics.get("approx_kl_max", []) if math.isfinite(value)]
+    return {"curve": curve, "wall_s": wall, "kl_max": max(kl, default=math.nan),
+            "best_iteration": None}
+
+
+def run_job(job: Job, config_dir: Path) -> dict:
+    """A job's result, or {"error": ...}: one failed run must not discard the others."""
+    try:
+        if job.kind == ROS:
+            return run_ros(job, config_dir)
+        if job.kind == SB3:
+            return run_sb3_in_child(job, config_dir)
+        return run_in_child(job, config_dir)
+    except Exception as error:  # reported on stderr and as "failed" in the table
+        print(f"\n{error}", file=sys.stderr, flush=True)
+        return {"error": str(error).splitlines()[0]}
+
+
+def summarize(task: Task, result: dict, marks: tuple[int, ...] | None = None) -> dict:
     """The table's figures from one curve."""
     curve = [(steps, value) for steps, value in result["curve"] if math.isfinite(value)]
     values = [value for _, value in curve]
@@ -120,12 +327,14 @@ def summarize(task: Task, result: dict) -> dict:
 
     solved_at = next((i for i, value in enumerate(values) if value >= task.threshold), None)
     worst_after = min(values[solved_at:]) if solved_at is not None else math.nan
+    held = [value for steps, value in curve if steps >= HOLD_FROM]
     steps = result["curve"][-1][0] if result["curve"] else 0
     return {
-        "marks": {mark: at(mark) for mark in task.marks},
+        "marks": {mark: at(mark) for mark in (marks or task.marks)},
         "best": max(values, default=math.nan),
         "final": values[-1] if values else math.nan,
         "worst_after_threshold": worst_after,
+        "worst_from_100k": min(held) if held else math.nan,
         "solved_at_steps": curve[solved_at][0] if solved_at is not None else None,
         "wall_s": result["wall_s"],
         "steps_per_s": steps / max(result["wall_s"], 1e-9),
@@ -133,69 +342,196 @@ def summarize(task: Task, result: dict) -> dict:
     }
 
 
-def print_table(task: Task, rows: dict[int, dict]) -> None:
-    marks = " ".join(f"{f'@{mark // 1000}k':>8}" for mark in task.marks)
-    print(f"\n{task.name} (threshold {task.threshold:g}; rolling mean of 100 episodes)")
-    print(f"{'seed':>4} {marks} {'best':>8} {'final':>8} {'worst>th':>9} {'solved@':>8} "
+def print_table(task: Task, rows: dict[int, dict], title: str | None = None,
+                marks: tuple[int, ...] | None = None) -> None:
+    marks = marks or task.marks
+    header = " ".join(f"{f'@{mark // 1000}k':>8}" for mark in marks)
+    print(f"\n{title or task.name} (threshold {task.threshold:g}; rolling mean of 100 episodes)")
+    print(f"{'seed':>4} {header} {'best':>8} {'final':>8} {'worst>th':>9} {'solved@':>8} "
           f"{'wall s':>7} {'steps/s':>8} {'kl max':>7}")
     for seed, row in sorted(rows.items()):
-        values = " ".join(f"{row['marks'][mark]:8.1f}" for mark in task.marks)
+        if "error" in row:
+            print(f"{seed:>4} failed: {row['error']}")
+            continue
+        values = " ".join(f"{row['marks'][mark]:8.1f}" for mark in marks)
         solved = f"{row['solved_at_steps'] // 1000}k" if row["solved_at_steps"] else "-"
         print(f"{seed:>4} {values} {row['best']:8.1f} {row['final']:8.1f} "
               f"{row['worst_after_threshold']:9.1f} {solved:>8} {row['wall_s']:7.0f} "
               f"{row['steps_per_s']:8.0f} {row['kl_max']:7.3f}")
 
 
+def lowest(values: list[float]) -> float:
+    """The minimum, or nan when there is nothing or a run did not measure it: a missing
+    seed must not make a target look met."""
+    if not values or any(math.isnan(value) for value in values):
+        return math.nan
+    return min(values)
+
+
+def mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else math.nan
+
+
+def column(rows: dict[int, dict], pick: str | int) -> list[float]:
+    """One figure of every seed (a mark when ``pick`` is an int); nan for a failed run."""
+    if isinstance(pick, int):
+        return [row["marks"].get(pick, math.nan) if "error" not in row else math.nan
+                for row in rows.values()]
+    return [row.get(pick, math.nan) for row in rows.values()]
+
+
+def plot_curves(path: Path, raw: dict[str, dict[str, dict[int, dict]]]) -> Path:
+    """One panel per task: median and min-max range over seeds of each way's curve, the
+    seeds interpolated onto a common env-step grid (where every seed has a value)."""
+    import matplotlib
+    import numpy as np
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [name for name in TASKS if any(name in by_task for by_task in raw.values())]
+    fig, axes = plt.subplots(1, len(names), figsize=(6 * len(names), 4.5), squeeze=False)
+    colors = {OURS: "tab:blue", ROS: "tab:green", SB3: "tab:orange"}
+    for ax, name in zip(axes[0], names, strict=True):
+        task = TASKS[name]
+        for kind, by_task in raw.items():
+            curves = [np.array([(s, v) for s, v in result["curve"] if math.isfinite(v)])
+                      for result in by_task.get(name, {}).values() if "error" not in result]
+            curves = [curve for curve in curves if len(curve) >= 2]
+            if not curves:
+                continue
+            grid = np.linspace(max(c[0, 0] for c in curves), min(c[-1, 0] for c in curves), 200)
+            ys = np.stack([np.interp(grid, c[:, 0], c[:, 1]) for c in curves])
+            ax.fill_between(grid, ys.min(axis=0), ys.max(axis=0), color=colors[kind], alpha=0.2)
+            ax.plot(grid, np.median(ys, axis=0), color=colors[kind],
+                    label=f"{kind}, median and range of {len(curves)} seeds")
+        ax.axhline(task.threshold, color="gray", linestyle="--", linewidth=1,
+                   label=f"threshold {task.threshold:g}")
+        ax.set_title(name)
+        ax.set_xlabel("env steps")
+        ax.set_ylabel("mean return (last 100 episodes)")
+        ax.grid(alpha=0.3)
+        ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def sb3_status() -> tuple[bool, str]:
+    """Whether SB3 imports here, and its version or why not. Asked of a child process so
+    that this one, which imports MLX, never loads torch beside it."""
+    done = subprocess.run(
+        [sys.executable, "-c", "import stable_baselines3; print(stable_baselines3.__version__)"],
+        capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        lines = done.stderr.strip().splitlines() or [f"exit code {done.returncode}"]
+        return False, f"{lines[-1]}; `make bench` installs it"
+    return True, done.stdout.strip()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
-    parser.add_argument("--seeds", nargs="+", type=int, default=None)
+    parser.add_argument("--seeds", nargs="+", type=int, default=None,
+                        help="seeds of every part (default: each task's, ROS: its ros_seeds)")
     parser.add_argument("--steps", type=int, default=None, help="env steps per run")
     parser.add_argument("--jobs", type=int, default=2, help="runs in parallel")
     parser.add_argument("--quick", action="store_true", help="a tenth of each budget")
+    parser.add_argument("--ros", action=argparse.BooleanOptionalAction, default=True,
+                        help="also train through ROS (sim_train), tasks with ros_seeds")
+    parser.add_argument("--ros-steps", type=int, default=None,
+                        help=f"env steps per ROS run (default {ROS_STEPS})")
+    parser.add_argument("--sb3", action=argparse.BooleanOptionalAction, default=None,
+                        help="also train Stable-Baselines3 PPO (default: when it imports)")
+    parser.add_argument("--png", type=Path, default=ROOT / "bench" / "learning.png",
+                        help="the curves figure (default bench/learning.png)")
     parser.add_argument("--config-dir", type=Path, default=ROOT / "config")
     parser.add_argument("--json", type=Path, default=None, help="write all results here")
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--child", choices=[OURS, SB3], help=argparse.SUPPRESS)
     parser.add_argument("--params-file", help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--env-id", help=argparse.SUPPRESS)
+    parser.add_argument("--num-envs", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--max-episode-steps", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         _child(args)
         return 0
 
     print(f"CPU: {cpu_model()} ({platform.machine()}), Python {platform.python_version()}")
-    jobs = []
-    for name in args.tasks:
-        task = TASKS[name]
-        budget = args.steps or (task.env_steps // 10 if args.quick else task.env_steps)
-        for seed in args.seeds if args.seeds is not None else task.seeds:
-            jobs.append((task, seed, budget))
-    with ThreadPoolExecutor(max_workers=max(args.jobs, 1)) as pool:
-        futures = [pool.submit(run_in_child, task, seed, budget, args.config_dir)
-                   for task, seed, budget in jobs]
-        results = [future.result() for future in futures]
+    sb3_ok, sb3_note = sb3_status()
+    run_sb3_part = sb3_ok and args.sb3 is not False
+    if args.sb3 is not False and not sb3_ok:
+        print(f"SB3: skipped ({sb3_note})")
+    ros_budget = args.ros_steps or (ROS_STEPS // 10 if args.quick else ROS_STEPS)
+    jobs: list[Job] = []
+    sb3_sources: dict[str, str] = {}
+    config_dir = args.config_dir.resolve()  # the children run in a temporary directory
+    with tempfile.TemporaryDirectory(prefix="unilab_learning_") as tmp:
+        for name in args.tasks:
+            task = TASKS[name]
+            budget = args.steps or (task.env_steps // 10 if args.quick else task.env_steps)
+            seeds = args.seeds if args.seeds is not None else task.seeds
+            jobs += [Job(task, OURS, seed, budget) for seed in seeds]
+            if args.ros and task.ros_seeds:
+                ros_seeds = args.seeds if args.seeds is not None else task.ros_seeds
+                jobs += [Job(task, ROS, seed, ros_budget) for seed in ros_seeds]
+            if run_sb3_part:
+                jobs += [Job(task, SB3, seed, budget) for seed in seeds]
+                env_id, num_envs, _ = task_env(task, config_dir)
+                sb3_sources[name] = sb3_settings(env_id, num_envs)[2]
+        # Domain ids distinct per ROS run (1..100, repeating only 100 runs apart), offset
+        # by our pid so that two benches or a demo beside this one rarely share a graph.
+        domain_ids = iter(range(os.getpid(), os.getpid() + len(jobs)))
+        jobs = [replace(job, work_dir=Path(tmp),
+                        domain_id=1 + next(domain_ids) % 100 if job.kind == ROS else 0)
+                for job in jobs]
+        with ThreadPoolExecutor(max_workers=max(args.jobs, 1)) as pool:
+            futures = [pool.submit(run_job, job, config_dir) for job in jobs]
+            results = [future.result() for future in futures]
 
-    summary: dict[str, dict[int, dict]] = {}
-    raw: dict[str, dict[int, dict]] = {}
-    for (task, seed, _budget), result in zip(jobs, results, strict=True):
-        summary.setdefault(task.name, {})[seed] = summarize(task, result)
-        raw.setdefault(task.name, {})[seed] = result
-    for name, rows in summary.items():
-        print_table(TASKS[name], rows)
+    summary: dict[str, dict[str, dict[int, dict]]] = {OURS: {}, ROS: {}, SB3: {}}
+    raw: dict[str, dict[str, dict[int, dict]]] = {OURS: {}, ROS: {}, SB3: {}}
+    marks: dict[tuple[str, str], tuple[int, ...]] = {}
+    for job, result in zip(jobs, results, strict=True):
+        # The ROS budget is not the task's: its table stops at the marks it reaches.
+        marks[job.kind, job.task.name] = (
+            tuple(m for m in job.task.marks if m <= job.env_steps) or job.task.marks
+            if job.kind == ROS else job.task.marks)
+        row = result if "error" in result else summarize(job.task, result,
+                                                         marks[job.kind, job.task.name])
+        summary[job.kind].setdefault(job.task.name, {})[job.seed] = row
+        raw[job.kind].setdefault(job.task.name, {})[job.seed] = result
+    for kind, by_task in summary.items():
+        for name, rows in by_task.items():
+            title = {OURS: name, ROS: f"{name} via ROS",
+                     SB3: f"{name} SB3 {sb3_note} ({sb3_sources.get(name)})"}[kind]
+            print_table(TASKS[name], rows, title, marks[kind, name])
     if args.json is not None:
         args.json.write_text(json.dumps({"summary": summary, "raw": raw}, default=str))
 
-    figures = []
-    for name, rows in summary.items():
-        task = TASKS[name]
-        worst = min(row["worst_after_threshold"] for row in rows.values())
-        figures.append(f"{task.short}_worst={worst:.1f}")
-        first_mark = 100_000 if 100_000 in task.marks else task.marks[0]
-        low = min(row["marks"][first_mark] for row in rows.values())
-        figures.append(f"{task.short}_at_{first_mark // 1000}k_min={low:.1f}")
-        final = [row["final"] for row in rows.values()]
-        figures.append(f"{task.short}_final_mean={sum(final) / len(final):.1f}")
-    print("\nlearning " + " ".join(figures))
+    print()
+    for kind, by_task in summary.items():
+        for name, rows in by_task.items():
+            task = TASKS[name]
+            first_mark = 100_000 if 100_000 in task.marks else task.marks[0]
+            print(f"summary {task.short} {kind}: "
+                  f"worst>th={lowest(column(rows, 'worst_after_threshold')):.1f} "
+                  f"at_{first_mark // 1000}k_min={lowest(column(rows, first_mark)):.1f} "
+                  f"final_mean={mean(column(rows, 'final')):.1f}")
+
+    if any(raw[kind] for kind in raw) and args.png:
+        print(f"curves: {plot_curves(args.png, raw)}")
+
+    pendulum = [summary[kind].get("pendulum", {}) for kind in (OURS, ROS)]
+    pendulum_worst = lowest([v for rows in pendulum for v in column(rows, "worst_from_100k")])
+    pendulum_low = lowest([v for rows in pendulum for v in column(rows, 100_000)])
+    ip_low = lowest(column(summary[OURS].get("inverted_pendulum", {}), 100_000))
+    hc = mean(column(summary[OURS].get("halfcheetah", {}), 1_000_000))
+    sb3_hc = mean(column(summary[SB3].get("halfcheetah", {}), 1_000_000))
+    print(f"learning pendulum_worst={pendulum_worst:.1f} pendulum_at_100k_min={pendulum_low:.1f} "
+          f"ip_at_100k_min={ip_low:.1f} hc_at_1m_mean={hc:.1f} sb3_hc_at_1m_mean={sb3_hc:.1f}")
     return 0
 
 

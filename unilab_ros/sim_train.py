@@ -3,12 +3,17 @@
     sim_train                       # Pendulum-v1, config/pendulum.yaml
     sim_train --iterations 60 --output runs/pendulum
     sim_train --params-file config/inverted_pendulum.yaml --output runs/inverted_pendulum
+    sim_train --seed 2 --output runs/pendulum_seed2
 
 Starts ``gym_env_node`` and ``trainer_node`` on an isolated ROS 2 graph (localhost
 discovery, a domain id of its own), relays the trainer's progress lines, stops the
 bridge when the trainer finishes ``max_iterations``, then writes the learning curve
 next to the checkpoints. In a ROS 2 workspace the same run is
 ``ros2 launch unilab_ros sim_train.launch.py``.
+
+``--seed`` overrides the params file's ``seed`` of both nodes (the bridge seeds env i
+with seed + i, the trainer its network and sampling streams), so a run is repeated on
+another seed without editing the file (bench/learning.py runs seeds this way).
 """
 
 from __future__ import annotations
@@ -63,6 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", type=Path, default=Path("runs/pendulum"))
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds before giving up")
     parser.add_argument("--domain-id", type=int, default=None)
+    parser.add_argument("--seed", type=int, default=None,
+                        help="overrides the seed of both nodes (bridge and trainer)")
     args = parser.parse_args(argv)
 
     params_file = args.params_file or config_file("pendulum.yaml")
@@ -74,6 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.iterations is not None:
         trainer_overrides["max_iterations"] = str(args.iterations)
     bridge_overrides = {"env_id": args.env_id} if args.env_id else {}
+    if args.seed is not None:
+        trainer_overrides["seed"] = str(args.seed)
+        bridge_overrides["seed"] = str(args.seed)
     bridge = subprocess.Popen(
         node_command("unilab_ros.gym_env_node", params_file, bridge_overrides), env=env
     )
