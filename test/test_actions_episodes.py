@@ -1,4 +1,5 @@
-"""ActionMapper (scale, then clip, per dim) and EpisodeStats (returns, lengths, cut)."""
+"""ActionMapper (scale, then clip, per dim; the limits in policy units) and EpisodeStats
+(returns, lengths, cut)."""
 
 import math
 
@@ -30,6 +31,39 @@ def test_single_values_apply_to_every_dim():
     mapper = ActionMapper(cfg, num_envs=1, action_dim=4)
     np.testing.assert_array_equal(mapper(np.array([[-3.0, -0.5, 0.5, 3.0]])), [[-2, -1, 1, 2]])
     np.testing.assert_array_equal(mapper.safe, np.zeros((1, 4)))
+
+
+def test_policy_bounds_per_dim_with_negative_and_zero_scales():
+    cfg = ActionConfig(
+        action_scale=[2.0, 0.5, -1.0, 0.0],
+        action_low=[-1.0, -10.0, 0.0, 0.0],
+        action_high=[1.0, 10.0, 3.0, 3.0],
+        safe_action=[0.0, 0.0, 1.0, 0.0],
+    )
+    mapper = ActionMapper(cfg, num_envs=1, action_dim=4)
+    low, high = mapper.policy_bounds()
+    # limit / scale; a negative scale swaps the ends; a zero scale leaves the dim unbounded
+    # (every policy output maps to 0, so the mean has nothing to be pulled back from; a
+    # limit of 0 would make 0 / 0 otherwise).
+    np.testing.assert_array_equal(low, [-0.5, -20.0, -3.0, -np.inf])
+    np.testing.assert_array_equal(high, [0.5, 20.0, 0.0, np.inf])
+    assert low.dtype == high.dtype == np.float32
+    # The bounds are where clipping starts: just inside, the command follows the policy.
+    bounded = slice(0, 3)
+    inside = np.stack([low * 0.999, high * 0.999])[:, bounded]
+    np.testing.assert_allclose(mapper(np.pad(inside, ((0, 0), (0, 1))))[:, bounded],
+                               inside * cfg.action_scale[:3], rtol=1e-6)
+    beyond = np.stack([low - 1.0, high + 1.0])[:, bounded]
+    at_bounds = np.stack([low, high])[:, bounded]
+    np.testing.assert_array_equal(mapper(np.pad(beyond, ((0, 0), (0, 1))))[:, bounded],
+                                  mapper(np.pad(at_bounds, ((0, 0), (0, 1))))[:, bounded])
+
+
+def test_policy_bounds_of_single_values_cover_every_dim():
+    cfg = ActionConfig(action_scale=[2.0], action_low=[-2.0], action_high=[1.0])
+    low, high = ActionMapper(cfg, num_envs=3, action_dim=2).policy_bounds()
+    np.testing.assert_array_equal(low, [-1.0, -1.0])
+    np.testing.assert_array_equal(high, [0.5, 0.5])
 
 
 @pytest.mark.parametrize(

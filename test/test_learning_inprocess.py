@@ -11,9 +11,11 @@ import time
 import numpy as np
 import pytest
 
+from unilab_ros.paths import config_file
 from unilab_ros.rl.agent import PPOAgent
-from unilab_ros.rl.demo import PendulumSetup, train
+from unilab_ros.rl.demo import train
 from unilab_ros.rl.episodes import EpisodeStats
+from unilab_ros.rl.setup_file import load_setup
 
 # (iterations, bound on the mean return of the late episodes). One iteration is 16 envs
 # x 64 steps; 16 episodes (200 steps each) end about every 3 iterations. Over seeds 0-5
@@ -37,13 +39,14 @@ def test_pendulum_return_improves_far_beyond_random():
     iterations, bound = CI_RUN if bounded_run() else FULL_RUN
     first_returns: list[float] = []
 
-    def keep_first_episodes(_it: int, _agent: PPOAgent, stats: EpisodeStats, _m) -> None:
+    def keep_first_episodes(_agent: PPOAgent, stats: EpisodeStats, _m) -> None:
         # The stats window drops old episodes, so the untrained baseline is copied early.
         if not first_returns and len(stats.finished_returns) >= 16:
             first_returns.extend(list(stats.finished_returns)[:16])
 
     start = time.perf_counter()
-    agent, stats = train("Pendulum-v1", PendulumSetup(), iterations, keep_first_episodes)
+    setup = load_setup(config_file("pendulum.yaml"))
+    agent, stats = train(setup, iterations, keep_first_episodes)
     elapsed = time.perf_counter() - start
 
     returns = list(stats.finished_returns)

@@ -91,6 +91,19 @@ def record_batches(buffer: RolloutBuffer) -> list[dict[str, np.ndarray]]:
     return seen
 
 
+def normalized_advantages(raw: np.ndarray) -> np.ndarray:
+    """The trainer's normalization of a first rollout, once over all of it, in float64
+    (no earlier rollout, so no std floor)."""
+    raw = np.asarray(raw, np.float64)
+    return (raw - raw.mean()) / (raw.std() + 1e-8)
+
+
+def sample_indices(buffer: RolloutBuffer, batch: dict[str, np.ndarray]) -> np.ndarray:
+    """Each mini-batch row's flat index in the rollout, found by its (unique) observation."""
+    flat = buffer.observations.reshape(-1, OBS_DIM).astype(np.float64)
+    return np.array([np.flatnonzero(np.all(flat == row, axis=1))[0] for row in batch["obs"]])
+
+
 def params_of(model: MLPActorCritic) -> dict[str, np.ndarray]:
     return {name: np.array(value, np.float64)
             for name, value in tree_flatten(model.trainable_parameters())}
@@ -224,11 +237,18 @@ def reference_config(**overrides: Any) -> PPOConfig:
 def test_update_matches_the_numpy_reference(enable_compile: bool) -> None:
     model = make_model()
     buffer = filled_buffer(model)
+    # The buffer holds raw GAE advantages; the reference normalizes them itself.
+    advantages = normalized_advantages(buffer.advantages.reshape(-1))
+    assert abs(float(np.std(buffer.advantages)) - 1.0) > 0.1
     batches = record_batches(buffer)
     before = params_of(model)
     cfg = reference_config(enable_compile=enable_compile)
     metrics = PPOTrainer(model, cfg, seed=5).update(buffer)
     assert metrics["updates_applied"] == 6.0 and len(batches) == 6
+    for batch in batches:
+        served = batch["advantages"]
+        batch["advantages"] = advantages[sample_indices(buffer, batch)]
+        np.testing.assert_allclose(served, batch["advantages"], rtol=0.0, atol=1e-5)
     # The test data exercises both the ratio clip and the value clip.
     assert 0.0 < metrics["clip_fraction"] < 1.0
     values = mlp_forward(before, "critic", batches[0]["obs"])[0][:, 0]
@@ -246,8 +266,7 @@ def test_compiled_and_eager_updates_give_the_same_parameters() -> None:
     results = []
     for enable_compile in (False, True):
         model = make_model()
-        cfg = reference_config(enable_compile=enable_compile, schedule="adaptive",
-                               adaptive_kl_beta=0.0)
+        cfg = reference_config(enable_compile=enable_compile, schedule="adaptive")
         PPOTrainer(model, cfg, seed=7).update(filled_buffer(model))
         results.append(params_of(model))
     eager, compiled = results
@@ -335,7 +354,8 @@ def test_elu_matches_nn_elu_in_value_and_gradient() -> None:
 # ---- rsl_rl's PPO -----------------------------------------------------------------
 
 
-def test_update_matches_rsl_rl() -> None:
+@pytest.mark.parametrize("schedule", ["fixed", "adaptive"])
+def test_update_matches_rsl_rl(schedule: str) -> None:
     torch = pytest.importorskip("torch", reason="bench dependency (make bench) not installed")
     pytest.importorskip("tensordict", reason="bench dependency (make bench) not installed")
     pytest.importorskip("rsl_rl.algorithms", reason="bench dependency (make bench) not installed")
@@ -349,8 +369,10 @@ def test_update_matches_rsl_rl() -> None:
     buffer = filled_buffer(model)
     # rsl_rl clips the actor's and the critic's gradients separately, ours globally:
     # a norm bound neither reaches keeps the comparison exact. One mini-batch per epoch
-    # makes its shuffle irrelevant.
-    cfg = reference_config(num_mini_batches=1, max_grad_norm=1e6)
+    # makes its shuffle irrelevant. Under the adaptive schedule both sides adapt the rate
+    # on every mini-batch's KL, within rsl_rl's fixed bounds (our defaults).
+    cfg = reference_config(num_mini_batches=1, max_grad_norm=1e6, schedule=schedule,
+                           num_learning_epochs=4)
     params = params_of(model)
 
     obs = TensorDict({"policy": torch.zeros(NUM_ENVS, OBS_DIM)}, batch_size=[NUM_ENVS])
@@ -373,7 +395,7 @@ def test_update_matches_rsl_rl() -> None:
         clip_param=cfg.clip_param, gamma=cfg.gamma, lam=cfg.lam,
         value_loss_coef=cfg.value_loss_coef, entropy_coef=cfg.entropy_coef,
         learning_rate=cfg.learning_rate, max_grad_norm=cfg.max_grad_norm,
-        use_clipped_value_loss=True, schedule="fixed",
+        use_clipped_value_loss=True, schedule=schedule, desired_kl=cfg.desired_kl,
     )
 
     def tensor(array: np.ndarray, *trailing: int):
@@ -384,16 +406,23 @@ def test_update_matches_rsl_rl() -> None:
     storage.actions.copy_(tensor(buffer.actions, ACTION_DIM))
     storage.values.copy_(tensor(buffer.values, 1))
     storage.actions_log_prob.copy_(tensor(buffer.log_probs, 1))
-    # Same targets on both sides (rsl_rl normalizes advantages with the n-1 std).
+    # Same targets on both sides. rsl_rl normalizes advantages over the rollout in its
+    # compute_returns (with the n-1 std), which is bypassed here: it gets the advantages
+    # as our trainer normalizes them, once over the rollout with the n std.
     storage.returns.copy_(tensor(buffer.returns, 1))
-    storage.advantages = tensor(buffer.advantages, 1)
+    storage.advantages = tensor(normalized_advantages(buffer.advantages), 1)
     storage.distribution_params = (tensor(buffer.mu, ACTION_DIM),
                                    tensor(buffer.sigma, ACTION_DIM))
     storage.step = NUM_STEPS
     algorithm.update()
 
-    PPOTrainer(model, cfg).update(buffer)
+    trainer = PPOTrainer(model, cfg)
+    metrics = trainer.update(buffer)
     ours = params_of(model)
+    assert trainer.learning_rate == pytest.approx(algorithm.learning_rate, rel=1e-5)
+    if schedule == "adaptive":
+        # The rate moved during the update, so the comparison covers the schedule.
+        assert metrics["learning_rate_min"] != metrics["learning_rate_max"]
     theirs = {"std": actor.distribution.std_param.detach().numpy()}
     for prefix, net in (("actor", actor), ("critic", critic)):
         linears = [m for m in net.mlp if isinstance(m, torch.nn.Linear)]

@@ -1,5 +1,7 @@
-"""PPOTrainer: metric keys, NaN roll-back, adaptive learning rate, early stop, config."""
+"""PPOTrainer: metric keys, NaN roll-back, rsl_rl's adaptive learning rate, the KL early
+stop, advantage normalization with its floor, the bounds loss, config."""
 
+import dataclasses
 import logging
 import math
 from collections.abc import Iterator
@@ -27,12 +29,17 @@ REFERENCE_METRIC_KEYS = {
     "std_mean",
     "adv_std",
     "value_explained_variance",
+    "bounds_loss",
+    "mean_out_of_bounds",
     "learning_rate",
+    "approx_kl_max",
+    "learning_rate_min",
+    "learning_rate_max",
+    "adv_std_floor",
     "updates_applied",
     "skipped_nonfinite_loss",
     "skipped_nonfinite_grads",
     "rolled_back_updates",
-    "skipped_nonfinite_metrics",
     "early_stopped_kl",
 }
 
@@ -266,11 +273,8 @@ def adaptive_config(**overrides) -> PPOConfig:
         "schedule": "adaptive",
         "learning_rate": 1e-3,
         "desired_kl": 0.01,
-        "num_learning_epochs": 3,
+        "num_learning_epochs": 2,
         "num_mini_batches": 4,
-        # Deliberately not multiples of each other: the reference's rate never moved then.
-        "metrics_interval": 8,
-        "adaptive_lr_update_interval": 3,
     } | overrides
     return ppo_config(**fields)
 
@@ -282,29 +286,149 @@ def adaptations(ratio: float, factor: float) -> int:
     return count
 
 
+def steer_kls(buffer: RolloutBuffer, trainer: PPOTrainer, kls: list[float], seen: list) -> None:
+    """Serve the mini-batches with old policies that put batch k's KL at ``kls[k]``.
+
+    Just before batch k is served, its old mean is set to the model's current mean shifted
+    by std * sqrt(2 kl / ACTION_DIM) in every dim, so KL(old || new) = kl when its step
+    measures it; the old log-probs follow. ``seen`` gets, per served batch, the state and
+    the learning rate before its step, and the largest ratio that step measures.
+    """
+    generate = buffer.mini_batch_generator
+
+    def generator(num_mini_batches: int, num_epochs: int, key=None) -> Iterator[dict]:
+        batches = generate(num_mini_batches, num_epochs, key=key)
+        for kl, batch in zip(kls, batches, strict=True):
+            mean, std, log_std = trainer.model.distribution_params(batch["obs"])
+            old_mean = mean + std * math.sqrt(2.0 * kl / ACTION_DIM)
+            old_log_probs = diag_gaussian_log_prob(batch["actions"], old_mean, log_std)
+            log_ratio = diag_gaussian_log_prob(batch["actions"], mean, log_std) - old_log_probs
+            seen.append({
+                "state": state_copy(trainer),
+                "lr": trainer.learning_rate,
+                "ratio_max": float(mx.max(mx.exp(log_ratio)).item()),
+            })
+            yield dict(batch, old_mu=old_mean, old_sigma=std, old_log_probs=old_log_probs)
+
+    buffer.mini_batch_generator = generator
+
+
+def rsl_rl_rates(learning_rate: float, kls: list[float], cfg: PPOConfig) -> list[float]:
+    """The rate each mini-batch steps with, by rsl_rl's rule (PPO.update, "adaptive")."""
+    rates = []
+    for kl in kls:
+        if kl > cfg.desired_kl * 2.0:
+            learning_rate = max(cfg.min_learning_rate, learning_rate / 1.5)
+        elif kl < cfg.desired_kl / 2.0 and kl > 0.0:
+            learning_rate = min(cfg.max_learning_rate, learning_rate * 1.5)
+        rates.append(learning_rate)
+    return rates
+
+
+STEERED_KLS = [0.3, 0.3, 0.3, 0.001, 0.001, 0.01, 0.001, 0.015]
+"""Above 2 x desired_kl three times, below half of it, in between (no change), ..."""
+
+
+@pytest.mark.parametrize(
+    "bounds",
+    [
+        pytest.param({}, id="default-bounds"),
+        pytest.param({"min_learning_rate": 4e-4, "max_learning_rate": 1.2e-3}, id="bounded"),
+    ],
+)
+@pytest.mark.parametrize("enable_compile", [True, False])
+def test_adaptive_rate_follows_rsl_rl_mini_batch_by_mini_batch(bounds, enable_compile):
+    model = make_model()
+    cfg = adaptive_config(enable_compile=enable_compile, **bounds)
+    trainer = PPOTrainer(model, cfg)
+    buffer = filled_buffer(model)
+    seen: list = []
+    steer_kls(buffer, trainer, STEERED_KLS, seen)
+    metrics = trainer.update(buffer)
+    expected = rsl_rl_rates(cfg.learning_rate, STEERED_KLS, cfg)
+    if bounds:
+        # Both bounds are reached: 1e-3 / 1.5**3 < 4e-4 and 9e-4 * 1.5 > 1.2e-3.
+        assert min(expected) == cfg.min_learning_rate and max(expected) == cfg.max_learning_rate
+    # The rate before each step is the one the previous steps left.
+    rates_before = [entry["lr"] for entry in seen]
+    np.testing.assert_allclose(rates_before, [cfg.learning_rate, *expected[:-1]], rtol=1e-5)
+    assert metrics["learning_rate"] == pytest.approx(expected[-1], rel=1e-5)
+    assert trainer.learning_rate == pytest.approx(expected[-1], rel=1e-5)
+    # The swing within the update shows, not only where it ended.
+    assert metrics["learning_rate_min"] == pytest.approx(min(expected), rel=1e-5)
+    assert metrics["learning_rate_max"] == pytest.approx(max(expected), rel=1e-5)
+    assert metrics["approx_kl"] == pytest.approx(np.mean(STEERED_KLS), abs=1e-4)
+    assert metrics["approx_kl_max"] == pytest.approx(max(STEERED_KLS), rel=1e-3)
+    assert metrics["ratio_max"] == pytest.approx(max(e["ratio_max"] for e in seen), rel=1e-4)
+    assert metrics["updates_applied"] == len(STEERED_KLS)
+
+
+@pytest.mark.parametrize(
+    ("schedule", "kl", "factor"),
+    [
+        pytest.param("adaptive", 0.3, 1.0 / 1.5, id="kl-large"),
+        pytest.param("adaptive", 0.001, 1.5, id="kl-small"),
+        pytest.param("adaptive", 0.01, 1.0, id="kl-on-target"),
+        pytest.param("fixed", 0.3, 1.0, id="fixed"),
+    ],
+)
+def test_the_rate_adapted_on_a_mini_batch_drives_that_mini_batchs_step(schedule, kl, factor):
+    model = make_model()
+    cfg = adaptive_config(schedule=schedule, num_learning_epochs=1, num_mini_batches=1)
+    trainer = PPOTrainer(model, cfg)
+    buffer = filled_buffer(model)
+    steer_kls(buffer, trainer, [kl], [])
+    before = state_copy(trainer)
+    trainer.update(buffer)
+    after = state_copy(trainer)
+    trainable = [name for name, _ in tree_flatten(model.trainable_parameters())]
+    largest = max(np.max(np.abs(after[f"model.{n}"] - before[f"model.{n}"])) for n in trainable)
+    # Adam's first step moves every parameter with a gradient by the rate (m / sqrt(v) = +-1).
+    assert largest == pytest.approx(cfg.learning_rate * factor, rel=1e-3)
+
+
+@pytest.mark.parametrize(
+    ("kl", "factor"),
+    [
+        pytest.param(0.03, 1.0 / 1.5, id="above-twice-desired"),
+        pytest.param(0.015, 1.0, id="between"),
+        pytest.param(0.001, 1.5, id="below-half-desired"),
+        # rsl_rl grows the rate only on a positive KL (a guarded KL can come out <= 0).
+        pytest.param(0.0, 1.0, id="zero"),
+        pytest.param(-1e-6, 1.0, id="negative"),
+    ],
+)
+def test_rsl_rl_rule_on_one_kl(kl, factor):
+    trainer = PPOTrainer(make_model(), adaptive_config())
+    trainer._adapt_learning_rate(mx.array(kl, mx.float32))
+    assert trainer.learning_rate == pytest.approx(1e-3 * factor, rel=1e-6)
+
+
 @pytest.mark.parametrize("enable_compile", [True, False])
 def test_adaptive_rate_falls_when_kl_is_large(enable_compile):
     model = make_model()
-    cfg = adaptive_config(enable_compile=enable_compile)
+    cfg = adaptive_config(min_learning_rate=1e-7, enable_compile=enable_compile)
     trainer = PPOTrainer(model, cfg)
-    # An old policy 1.0 away in each of 2 dims: KL about 1, far above 2 * desired_kl.
+    # An old policy 1.0 away in each of 2 dims: KL about 1.5, far above 2 * desired_kl.
     metrics = trainer.update(filled_buffer(model, old_mean_offset=1.0))
     assert metrics["approx_kl"] > 2.0 * cfg.desired_kl
-    # 12 mini-batches, adapting every 3rd: 4 decays of 1.5 each.
-    assert adaptations(cfg.learning_rate / metrics["learning_rate"], cfg.adaptive_lr_decay) == 4
+    # 8 mini-batches, each dividing the rate by 1.5 (rsl_rl).
+    assert adaptations(cfg.learning_rate / metrics["learning_rate"], 1.5) == 8
     assert trainer.learning_rate == pytest.approx(metrics["learning_rate"])
+    assert metrics["learning_rate_max"] == pytest.approx(cfg.learning_rate / 1.5, rel=1e-5)
 
 
 @pytest.mark.parametrize("enable_compile", [True, False])
 def test_adaptive_rate_rises_when_kl_is_tiny(enable_compile):
     model = make_model()
-    cfg = adaptive_config(learning_rate=1e-4, enable_compile=enable_compile)
+    cfg = adaptive_config(learning_rate=1e-5, min_learning_rate=1e-6,
+                          enable_compile=enable_compile)
     trainer = PPOTrainer(model, cfg)
-    # KL about 2 * 0.01**2 / 2 = 1e-4: positive, and far below desired_kl / 2.
+    # KL about 2 * 0.01**2 / (2 * 0.8**2) = 1.6e-4: positive, and far below desired_kl / 2.
     metrics = trainer.update(filled_buffer(model, old_mean_offset=0.01))
     assert 0.0 < metrics["approx_kl"] < 0.5 * cfg.desired_kl
-    growths = adaptations(metrics["learning_rate"] / cfg.learning_rate, cfg.adaptive_lr_growth)
-    assert growths == 4
+    assert adaptations(metrics["learning_rate"] / cfg.learning_rate, 1.5) == 8
+    assert metrics["learning_rate_min"] == pytest.approx(cfg.learning_rate * 1.5, rel=1e-5)
 
 
 def test_adaptive_rate_respects_its_bounds():
@@ -314,9 +438,9 @@ def test_adaptive_rate_respects_its_bounds():
     assert metrics["learning_rate"] == pytest.approx(5e-4)
 
     model = make_model()
-    cfg = adaptive_config(learning_rate=1e-4, max_learning_rate=1.5e-4)
+    cfg = adaptive_config(learning_rate=1e-5, min_learning_rate=1e-6, max_learning_rate=1.5e-5)
     metrics = PPOTrainer(model, cfg).update(filled_buffer(model, old_mean_offset=0.01))
-    assert metrics["learning_rate"] == pytest.approx(1.5e-4)
+    assert metrics["learning_rate"] == pytest.approx(1.5e-5)
 
 
 def test_fixed_schedule_keeps_the_rate():
@@ -324,21 +448,64 @@ def test_fixed_schedule_keeps_the_rate():
     cfg = adaptive_config(schedule="fixed")
     metrics = PPOTrainer(model, cfg).update(filled_buffer(model, old_mean_offset=1.0))
     assert metrics["learning_rate"] == pytest.approx(cfg.learning_rate)
+    assert metrics["learning_rate_min"] == metrics["learning_rate_max"] == metrics[
+        "learning_rate"]
 
 
 @pytest.mark.parametrize("enable_compile", [True, False])
-def test_target_kl_stop_ends_the_update_early(enable_compile):
+def test_target_kl_stop_on_the_first_mini_batch_changes_nothing(enable_compile):
     model = make_model()
-    cfg = ppo_config(
-        num_learning_epochs=4,
-        target_kl_stop=0.05,
-        metrics_interval=2,
-        enable_compile=enable_compile,
-    )
-    metrics = PPOTrainer(model, cfg).update(filled_buffer(model, old_mean_offset=1.0))
+    cfg = ppo_config(num_learning_epochs=4, target_kl_stop=0.05, enable_compile=enable_compile)
+    trainer = PPOTrainer(model, cfg)
+    before = state_copy(trainer)
+    metrics = trainer.update(filled_buffer(model, old_mean_offset=1.0))
     assert metrics["early_stopped_kl"] == 1.0
-    # The KL is read after every 2nd mini-batch, and the first read already exceeds it.
+    # The first mini-batch's KL (about 1.5) is over the target: it is not applied.
+    assert metrics["updates_applied"] == 0.0
+    assert_same_state(state_copy(trainer), before)
+    assert all(math.isfinite(value) for value in metrics.values())
+
+
+@pytest.mark.parametrize("enable_compile", [True, False])
+def test_target_kl_stop_drops_the_step_over_the_target_and_ends_the_epochs(enable_compile):
+    model = make_model()
+    cfg = ppo_config(num_learning_epochs=4, target_kl_stop=0.05, enable_compile=enable_compile)
+    trainer = PPOTrainer(model, cfg)
+    buffer = filled_buffer(model)
+    seen: list = []
+    steer_kls(buffer, trainer, [0.001, 0.002, 0.2] + [0.001] * 13, seen)
+    metrics = trainer.update(buffer)
+    # No mini-batch after the third was served; the third's step left the model and
+    # Adam's moments (and step count) as they were before it.
+    assert len(seen) == 3
+    assert_same_state(state_copy(trainer), seen[2]["state"])
+    assert not np.array_equal(seen[2]["state"]["model.std"], seen[0]["state"]["model.std"])
+    assert metrics["early_stopped_kl"] == 1.0
     assert metrics["updates_applied"] == 2.0
+    # The metrics cover the two applied steps only.
+    assert metrics["approx_kl_max"] == pytest.approx(0.002, abs=1e-4)
+    assert metrics["approx_kl"] == pytest.approx(0.0015, abs=1e-4)
+
+    # The next update starts afresh.
+    buffer = filled_buffer(model, seed=1)
+    steer_kls(buffer, trainer, [0.001] * 16, seen)
+    metrics = trainer.update(buffer)
+    assert metrics["early_stopped_kl"] == 0.0
+    assert metrics["updates_applied"] == 16.0
+
+
+def test_target_kl_stop_keeps_the_rate_the_schedule_set_for_the_stopped_step():
+    model = make_model()
+    cfg = adaptive_config(target_kl_stop=0.05)
+    trainer = PPOTrainer(model, cfg)
+    buffer = filled_buffer(model)
+    steer_kls(buffer, trainer, [0.001, 0.3] + [0.001] * 6, [])
+    metrics = trainer.update(buffer)
+    assert metrics["updates_applied"] == 1.0 and metrics["early_stopped_kl"] == 1.0
+    # Step 1 raised the rate and was applied; step 2 lowered it and was stopped.
+    assert metrics["learning_rate"] == pytest.approx(cfg.learning_rate, rel=1e-5)
+    assert metrics["learning_rate_min"] == pytest.approx(1.5 * cfg.learning_rate, rel=1e-5)
+    assert metrics["learning_rate_max"] == pytest.approx(1.5 * cfg.learning_rate, rel=1e-5)
 
 
 def test_target_kl_stop_does_not_fire_below_the_target():
@@ -347,6 +514,179 @@ def test_target_kl_stop_does_not_fire_below_the_target():
     metrics = PPOTrainer(model, cfg).update(filled_buffer(model, old_mean_offset=0.01))
     assert metrics["early_stopped_kl"] == 0.0
     assert metrics["updates_applied"] == 8.0
+
+
+# ---- advantage normalization ----------------------------------------------------------
+
+
+def set_advantages(buffer: RolloutBuffer, scale: float, offset: float = 0.0,
+                   seed: int = 0) -> np.ndarray:
+    """Give the buffer raw advantages of the given spread; return a copy of them."""
+    rng = np.random.default_rng(100 + seed)
+    raw = offset + scale * rng.normal(size=buffer.advantages.shape)
+    buffer.advantages = raw.astype(np.float32)
+    return buffer.advantages.copy()
+
+
+def record_batches(buffer: RolloutBuffer) -> list[np.ndarray]:
+    """Make ``buffer`` remember the advantages of the mini-batches it serves."""
+    seen: list[np.ndarray] = []
+    generate = buffer.mini_batch_generator
+
+    def recording(*args, **kwargs) -> Iterator[dict]:
+        for batch in generate(*args, **kwargs):
+            seen.append(np.array(batch["advantages"], np.float64))
+            yield batch
+
+    buffer.mini_batch_generator = recording
+    return seen
+
+
+def test_advantages_are_normalized_once_over_the_rollout():
+    model = make_model()
+    trainer = PPOTrainer(model, ppo_config(num_learning_epochs=1))
+    buffer = filled_buffer(model)
+    raw = set_advantages(buffer, scale=3.0, offset=5.0).astype(np.float64)
+    served = record_batches(buffer)
+    metrics = trainer.update(buffer)
+    expected = (raw - raw.mean()) / (raw.std() + 1e-8)
+    np.testing.assert_allclose(buffer.advantages, expected, rtol=0.0, atol=1e-5)
+    np.testing.assert_allclose(np.sort(np.concatenate(served)), np.sort(expected.ravel()),
+                               rtol=0.0, atol=1e-5)
+    # The loss uses the served advantages as they are: no second normalization per batch.
+    batch_stds = [float(np.std(batch)) for batch in served]
+    assert metrics["adv_std"] == pytest.approx(np.mean(batch_stds), rel=1e-4)
+    assert abs(np.mean(batch_stds) - 1.0) > 1e-3
+    assert metrics["adv_std_floor"] == 0.0  # no earlier rollout to floor it by
+
+
+def test_per_mini_batch_flag_normalizes_each_mini_batch_alone():
+    model = make_model()
+    trainer = PPOTrainer(model, ppo_config(normalize_advantage_per_mini_batch=True))
+    buffer = filled_buffer(model)
+    raw = set_advantages(buffer, scale=3.0, offset=5.0)
+    served = record_batches(buffer)
+    metrics = trainer.update(buffer)
+    # Served raw, each normalized in the loss to unit std.
+    np.testing.assert_array_equal(buffer.advantages, raw)
+    assert np.mean(np.concatenate(served)) > 3.0
+    assert metrics["adv_std"] == pytest.approx(1.0, abs=1e-4)
+
+
+@pytest.mark.parametrize("per_mini_batch", [False, True])
+@pytest.mark.parametrize("floor", [0.1, 0.0])
+def test_a_rollout_with_almost_no_advantage_spread_is_not_blown_up(per_mini_batch, floor):
+    model = make_model()
+    cfg = ppo_config(num_learning_epochs=1, advantage_std_floor=floor,
+                     normalize_advantage_per_mini_batch=per_mini_batch)
+    trainer = PPOTrainer(model, cfg)
+    first = filled_buffer(model)
+    first_std = float(np.std(set_advantages(first, scale=2.0)))
+    assert trainer.update(first)["adv_std_floor"] == 0.0
+    assert trainer.schedule_state["adv_std_mean"].item() == pytest.approx(first_std, rel=1e-5)
+
+    # A rollout whose advantages spread 1000x less than the earlier ones did.
+    second = filled_buffer(model, seed=1)
+    raw = set_advantages(second, scale=2e-3, seed=1)
+    served = record_batches(second)
+    metrics = trainer.update(second)
+    std_floor = floor * first_std
+    assert metrics["adv_std_floor"] == pytest.approx(std_floor, rel=1e-5)
+    # The running mean takes the new rollout in after its own floor was set.
+    running = trainer.schedule_state["adv_std_mean"].item()
+    assert running == pytest.approx((first_std + float(np.std(raw))) / 2.0, rel=1e-5)
+    if per_mini_batch:
+        used = [np.std(b) / (max(np.std(b), std_floor) + 1e-8) for b in served]
+        assert metrics["adv_std"] == pytest.approx(np.mean(used), rel=1e-3)
+    else:
+        used_std = float(np.std(second.advantages))
+        assert used_std == pytest.approx(np.std(raw) / (max(np.std(raw), std_floor) + 1e-8),
+                                         rel=1e-3)
+    if floor:
+        # Scaled by the floor (0.1 x a spread 1000x larger): std about 0.01, not 1.
+        assert metrics["adv_std"] < 0.02
+    else:
+        assert metrics["adv_std"] == pytest.approx(1.0, abs=1e-3) if per_mini_batch else (
+            np.std(second.advantages) == pytest.approx(1.0, abs=1e-4))
+
+
+# ---- bounds loss ------------------------------------------------------------------------
+
+BOUNDS = (np.array([-1.0, -0.5], np.float32), np.array([1.0, 0.2], np.float32))
+
+
+def constant_mean_model(mean: list[float]) -> MLPActorCritic:
+    """A model whose action mean is ``mean`` for every observation."""
+    model = make_model()
+    last = model.actor.layers[-1]
+    last.weight = mx.zeros(last.weight.shape)
+    last.bias = mx.array(mean, mx.float32)
+    mx.eval(model.parameters())
+    return model
+
+
+def zero_advantage_buffer(model: MLPActorCritic) -> RolloutBuffer:
+    buffer = filled_buffer(model)
+    buffer.advantages[:] = 0.0
+    return buffer
+
+
+def actor_state(model: MLPActorCritic) -> dict[str, np.ndarray]:
+    tree = {"actor": model.actor.parameters(), "std": model.std}
+    return {name: np.array(value) for name, value in tree_flatten(tree)}
+
+
+@pytest.mark.parametrize(
+    ("mean", "loss", "out_of_bounds"),
+    [
+        pytest.param([3.0, 0.1], 2.0**2, 0.5, id="one-dim-above"),
+        pytest.param([-2.5, 0.7], 1.5**2 + 0.5**2, 1.0, id="below-and-above"),
+        pytest.param([0.5, -0.4], 0.0, 0.0, id="inside"),
+    ],
+)
+def test_bounds_loss_is_the_squared_excess_beyond_the_limits(mean, loss, out_of_bounds):
+    model = constant_mean_model(mean)
+    cfg = ppo_config(num_learning_epochs=1, num_mini_batches=1, bounds_loss_coef=1.0)
+    trainer = PPOTrainer(model, cfg, action_bounds=BOUNDS)
+    before = actor_state(model)
+    metrics = trainer.update(zero_advantage_buffer(model))
+    assert metrics["bounds_loss"] == pytest.approx(loss, rel=1e-5)
+    assert metrics["mean_out_of_bounds"] == out_of_bounds
+    moved = {name for name, value in actor_state(model).items()
+             if not np.array_equal(value, before[name])}
+    # With zero advantages only the bounds loss moves the actor, and only from outside.
+    assert moved == ({"actor.layers.1.bias", "actor.layers.1.weight"} if loss else set())
+
+
+@pytest.mark.parametrize("coef", [1.0, 0.0])
+def test_bounds_loss_pulls_a_mean_outside_the_limits_back_inside(coef):
+    model = constant_mean_model([3.0, -2.0])
+    # Full-batch steps: the pull is the same for every sample.
+    cfg = ppo_config(bounds_loss_coef=coef, learning_rate=0.02, num_mini_batches=1,
+                     num_learning_epochs=8)
+    trainer = PPOTrainer(model, cfg, action_bounds=BOUNDS)
+    buffer = zero_advantage_buffer(model)
+    obs = mx.array(buffer.observations.reshape(-1, OBS_DIM))
+    before = actor_state(model)
+    history = [trainer.update(buffer) for _ in range(8)]
+    mean = np.array(model.policy(obs))
+    low, high = BOUNDS
+    assert history[0]["mean_out_of_bounds"] > 0.99
+    if coef:
+        assert history[0]["bounds_loss"] > 1.0
+        assert np.all(mean >= low) and np.all(mean <= high)
+        assert history[-1]["bounds_loss"] == 0.0 and history[-1]["mean_out_of_bounds"] == 0.0
+    else:
+        # Nothing else pulls: the clipped command would hide the runaway mean.
+        assert_same_state(actor_state(model), before)
+        assert history[-1]["mean_out_of_bounds"] == 1.0
+
+
+def test_no_action_bounds_means_no_bounds_loss():
+    model = constant_mean_model([30.0, -20.0])
+    cfg = ppo_config(num_learning_epochs=1, bounds_loss_coef=1.0)
+    metrics = PPOTrainer(model, cfg).update(zero_advantage_buffer(model))
+    assert metrics["bounds_loss"] == 0.0 and metrics["mean_out_of_bounds"] == 0.0
 
 
 def test_compiled_and_eager_updates_agree():
@@ -388,10 +728,7 @@ def test_default_config_is_valid():
     [
         {"num_learning_epochs": 0},
         {"num_mini_batches": 0},
-        {"adaptive_lr_update_interval": 0},
-        {"metrics_interval": 0},
         {"finite_check_interval": 0},
-        {"warmup_metrics_interval": 0},
         {"warmup_finite_check_interval": 0},
         {"schedule": "cosine"},
         {"gamma": 1.5},
@@ -402,6 +739,10 @@ def test_default_config_is_valid():
         {"min_learning_rate": 1e-2, "max_learning_rate": 1e-3},
         {"warmup_strict_iters": -1},
         {"target_kl_stop": -0.1},
+        {"advantage_std_floor": -0.1},
+        {"bounds_loss_coef": -1.0},
+        {"adaptive_lr_decay": 1.0},
+        {"adaptive_lr_growth": 0.9},
     ],
 )
 def test_validate_rejects_bad_values(overrides):
@@ -423,3 +764,15 @@ def test_validate_rejects_bad_values(overrides):
 def test_validate_rejects_values_that_silently_stop_learning(overrides):
     with pytest.raises(ValueError):
         PPOConfig(**overrides).validate()
+
+
+@pytest.mark.parametrize(
+    "name",
+    # The EMA of the KL and the rate / metrics intervals are gone with rsl_rl's exact rule.
+    ["adaptive_kl_beta", "adaptive_lr_update_interval", "metrics_interval",
+     "warmup_metrics_interval"],
+)
+def test_removed_fields_are_refused(name):
+    assert name not in {field.name for field in dataclasses.fields(PPOConfig)}
+    with pytest.raises(TypeError):
+        PPOConfig(**{name: 1})
