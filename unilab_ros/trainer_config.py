@@ -41,6 +41,9 @@ class TrainerNodeConfig:
     """Save a checkpoint every this many iterations (and always on shutdown); 0: only then."""
     resume_from: str = ""
     """Checkpoint to continue from (iteration, optimizer, normalizer); empty: fresh start."""
+    best_min_episodes: int = 100
+    """best.safetensors keeps the policy with the highest mean return over this many of
+    the latest finished episodes (the window the logged mean_return uses)."""
     max_iterations: int = 0
     """Stop (and save) after this many iterations in total; 0 trains until stopped."""
     qos_depth: int = 10
@@ -68,5 +71,7 @@ class TrainerNodeConfig:
             raise ValueError(f"pause_service_type must be one of {PAUSE_SERVICE_TYPES}")
         if self.checkpoint_interval < 0 or self.max_iterations < 0:
             raise ValueError("checkpoint_interval and max_iterations must be >= 0")
+        if not 1 <= self.best_min_episodes <= 100:
+            raise ValueError("best_min_episodes must be in 1..100 (the episode window)")
         if self.qos_depth < 1:
             raise ValueError("qos_depth must be >= 1")

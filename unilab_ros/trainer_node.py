@@ -37,6 +37,7 @@ from unilab_ros.params import ConfigError, declare_config, read_config
 from unilab_ros.rl import PPOAgent
 from unilab_ros.rl.actions import ActionConfig, ActionMapper
 from unilab_ros.rl.agent import AgentConfig
+from unilab_ros.rl.best import BestPolicy
 from unilab_ros.rl.blas import blas_description
 from unilab_ros.rl.checkpoint import Checkpoint, CheckpointError, restore_agent, save_checkpoint
 from unilab_ros.rl.episodes import EpisodeStats
@@ -81,14 +82,16 @@ class TrainerNode(Node):
         self.cfg = read_config(self, TrainerNodeConfig)
         agent_cfg = read_config(self, AgentConfig)
         try:
+            self.actions = ActionMapper(
+                read_config(self, ActionConfig), agent_cfg.num_envs, agent_cfg.action_dim
+            )
             self.agent = PPOAgent(
                 agent_cfg,
                 read_config(self, ModelConfig, "model"),
                 read_config(self, PPOConfig, "ppo"),
+                action_bounds=self.actions.policy_bounds(),
             )
-            self.actions = ActionMapper(
-                read_config(self, ActionConfig), agent_cfg.num_envs, agent_cfg.action_dim
-            )
+            self.best = BestPolicy(self.cfg.best_min_episodes, self._save_best)
             if self.cfg.resume_from:
                 restore_agent(self.agent, Checkpoint(self.cfg.resume_from))
         except (ValueError, CheckpointError) as error:
@@ -307,6 +310,7 @@ class TrainerNode(Node):
         metrics = self.agent.update(self._bootstrap_obs)
         self._updates_run += 1
         self._report_iteration(metrics)
+        self.best.offer(self.agent, self.stats)
         interval = self.cfg.checkpoint_interval
         if interval and self.agent.iteration % interval == 0:
             self.save("interval")
@@ -373,7 +377,8 @@ class TrainerNode(Node):
             f"iter {self.agent.iteration:5d} | steps {self.agent.env_steps:8d} | "
             f"return {self.stats.mean_return:9.2f} | len {self.stats.mean_length:6.1f} | "
             f"{rate:7.0f} steps/s | update {metrics['update_time']:5.2f}s | "
-            f"kl {metrics['approx_kl']:.4f} lr {metrics['learning_rate']:.1e} | "
+            f"kl {metrics['approx_kl']:.4f} (max {metrics['approx_kl_max']:.3f}) "
+            f"lr {metrics['learning_rate_min']:.0e}..{metrics['learning_rate_max']:.0e} | "
             f"dropped {self.sync.counters['steps_dropped']} "
             f"rejected {sum(v for k, v in self.counters.items() if k.startswith('rejected'))}"
         )
@@ -418,6 +423,22 @@ class TrainerNode(Node):
         save_checkpoint(self._checkpoint_dir / "latest.safetensors", self.agent, extra)
         self.get_logger().info(f"checkpoint saved ({reason}): {path}")
         return path
+
+    def _save_best(self, agent: PPOAgent) -> None:
+        """Keep the new best policy as ``best.safetensors`` (a training checkpoint)."""
+        best = self.best
+        extra = {"reason": "best", "best_mean_return": best.mean_return,
+                 "best_min_episodes": best.min_episodes, "node": self.status()}
+        path = self._checkpoint_dir / "best.safetensors"
+        try:
+            save_checkpoint(path, agent, extra)
+        except OSError as error:
+            self.get_logger().error(f"could not save the best policy: {error}")
+            return
+        self.get_logger().info(
+            f"new best: mean return {best.mean_return:.2f} over the last "
+            f"{best.min_episodes} episodes at iteration {best.iteration}: {path}"
+        )
 
     def _srv_save(self, _request: Trigger.Request, response: Trigger.Response) -> Any:
         try:

@@ -294,6 +294,7 @@ class PPOTrainer:
             stopped = stopped | (metrics[_KL] > cfg.target_kl_stop)
             params = self.model.trainable_parameters()
             moments = {k: v for k, v in self.optimizer.state.items() if k != "learning_rate"}
+            moments = tree_map(lambda x: x, moments)  # Adam refills its nested dicts in place
         grads, grad_norm = self._clip_grads(grads)
         self.optimizer.update(self.model, grads)
         if cfg.target_kl_stop > 0.0:
