@@ -36,7 +36,7 @@ from unilab_ros.metrics_log import MetricsLog
 from unilab_ros.params import ConfigError, declare_config, read_config
 from unilab_ros.rl import PPOAgent
 from unilab_ros.rl.actions import ActionConfig, ActionMapper
-from unilab_ros.rl.agent import AgentConfig
+from unilab_ros.rl.agent import AgentConfig, warm_up_update
 from unilab_ros.rl.blas import blas_description
 from unilab_ros.rl.checkpoint import Checkpoint, CheckpointError, restore_agent, save_checkpoint
 from unilab_ros.rl.episodes import EpisodeStats
@@ -78,11 +78,16 @@ class TrainerNode(Node):
         self.cfg = read_config(self, TrainerNodeConfig)
         agent_cfg = read_config(self, AgentConfig)
         try:
-            self.agent = PPOAgent(
-                agent_cfg,
-                read_config(self, ModelConfig, "model"),
-                read_config(self, PPOConfig, "ppo"),
-            )
+            model_cfg = read_config(self, ModelConfig, "model")
+            ppo_cfg = read_config(self, PPOConfig, "ppo")
+            if self.cfg.warm_up_update:
+                self.get_logger().info(
+                    "start-up: one throwaway PPO update, so MLX compiles its kernels now "
+                    "(up to a minute on a new machine; cached on disk afterwards)"
+                )
+                seconds = warm_up_update(agent_cfg, model_cfg, ppo_cfg)
+                self.get_logger().info(f"start-up: MLX kernels ready ({seconds:.1f} s)")
+            self.agent = PPOAgent(agent_cfg, model_cfg, ppo_cfg)
             self.actions = ActionMapper(
                 read_config(self, ActionConfig), agent_cfg.num_envs, agent_cfg.action_dim
             )
@@ -306,7 +311,8 @@ class TrainerNode(Node):
 
     def _run_update(self) -> None:
         assert self._bootstrap_obs is not None
-        if self._updates_run == 0 and self.agent.ppo_cfg.enable_compile:
+        first_compile = self.agent.ppo_cfg.enable_compile and not self.cfg.warm_up_update
+        if self._updates_run == 0 and first_compile:
             self.get_logger().info(
                 "first update: MLX compiles its kernels (up to a minute on a new machine; "
                 "cached on disk afterwards)"
