@@ -80,19 +80,21 @@ class TrainerNode(Node):
         try:
             model_cfg = read_config(self, ModelConfig, "model")
             ppo_cfg = read_config(self, PPOConfig, "ppo")
-            if self.cfg.warm_up_update:
-                self.get_logger().info(
-                    "start-up: one throwaway PPO update, so MLX compiles its kernels now "
-                    "(up to a minute on a new machine; cached on disk afterwards)"
-                )
-                seconds = warm_up_update(agent_cfg, model_cfg, ppo_cfg)
-                self.get_logger().info(f"start-up: MLX kernels ready ({seconds:.1f} s)")
-            self.agent = PPOAgent(agent_cfg, model_cfg, ppo_cfg)
             self.actions = ActionMapper(
                 read_config(self, ActionConfig), agent_cfg.num_envs, agent_cfg.action_dim
             )
-            if self.cfg.resume_from:
-                restore_agent(self.agent, Checkpoint(self.cfg.resume_from))
+            # Opened first: a bad path is reported alone, before any warm-up.
+            checkpoint = Checkpoint(self.cfg.resume_from) if self.cfg.resume_from else None
+            if self.cfg.warm_up_update:
+                # Before the agent: the warm-up reseeds MLX, and the agent seeds it again.
+                seconds = warm_up_update(agent_cfg, model_cfg, ppo_cfg)
+                self.get_logger().info(
+                    f"start-up: one throwaway PPO update compiled MLX's kernels in "
+                    f"{seconds:.1f} s, before the first action (cached on disk afterwards)"
+                )
+            self.agent = PPOAgent(agent_cfg, model_cfg, ppo_cfg)
+            if checkpoint is not None:
+                restore_agent(self.agent, checkpoint)
         except (ValueError, CheckpointError) as error:
             raise ConfigError(str(error)) from None
         self.num_envs, self.obs_dim = agent_cfg.num_envs, agent_cfg.obs_dim
