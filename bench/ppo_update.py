@@ -180,24 +180,12 @@ def build_ours(size: Size, data_path: Path) -> Callable[[], Any]:
     return phase
 
 
-def median_seconds(run: Callable[[], Any], repeats: int) -> float:
-    """Median wall time of evaluating ``run()``'s arrays, after one warm-up call."""
-    import mlx.core as mx
-
-    mx.eval(run())
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        mx.eval(run())
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
-def breakdown(size: Size, repeats: int) -> dict[str, float]:
-    """Seconds per update phase spent in our step's parts, each timed alone on a
-    mini-batch (so the parts include no fusion the compiled step may find): the linear
-    layers of both networks forward and backward (the ELU replaced by identity), the ELU
-    forward and backward on every hidden layer's output, and gradient clipping plus Adam.
+def breakdown(size: Size, phase: Callable[[], Any], repeats: int) -> dict[str, float]:
+    """Seconds per update phase: the whole ``phase`` and our step's parts, each part timed
+    alone on a mini-batch and uncompiled (so they may add up to more than the whole): the
+    linear layers of both networks forward and backward (the ELU replaced by identity),
+    the ELU forward and backward on every hidden layer's output, gradient clipping plus
+    Adam. All are timed in turn in one loop, so load from other processes hits each alike.
     """
     import mlx.core as mx
     import mlx.nn as nn
@@ -232,11 +220,20 @@ def breakdown(size: Size, repeats: int) -> dict[str, float]:
         optimizer.update(nets, clipped)
         return [p for _, p in tree_flatten(nets.parameters())] + [optimizer.state]
 
-    return {
-        "matmul": steps * median_seconds(lambda: linear_grad(nets, obs), repeats),
-        "activation": steps * median_seconds(activation, repeats),
-        "optimizer": steps * median_seconds(clip_and_adam, repeats),
+    parts = {
+        "whole": (1, phase),
+        "matmul": (steps, lambda: linear_grad(nets, obs)),
+        "activation": (steps, activation),
+        "optimizer": (steps, clip_and_adam),
     }
+    times: dict[str, list[float]] = {name: [] for name in parts}
+    for index in range(repeats + 1):
+        for name, (count, run) in parts.items():
+            start = time.perf_counter()
+            mx.eval(run())
+            if index > 0:  # the first round is the warm-up
+                times[name].append(count * (time.perf_counter() - start))
+    return {name: statistics.median(values) for name, values in times.items()}
 
 
 # ---- rsl_rl (PyTorch), in a child process ---------------------------------------------
@@ -395,11 +392,11 @@ def bench_size(size: Size, repeats: int, skip_reason: str | None, workdir: Path)
     our_median = statistics.median(ours)
     print(f"  ours   {our_median:8.3f} s  {size.samples / our_median:9.0f} samples/s"
           f"  (first call {our_first:.3f} s, enable_compile={PPOConfig().enable_compile})")
-    parts = breakdown(size, repeats=3 * repeats)
-    rest = our_median - sum(parts.values())
-    print("  ours breakdown (s per update, parts timed alone): "
+    parts = breakdown(size, ours_phase, repeats)
+    whole = parts.pop("whole")
+    print(f"  ours breakdown (s per update of {whole:.3f} s; parts timed alone): "
           + ", ".join(f"{name} {seconds:.3f}" for name, seconds in parts.items())
-          + f", loss and rest {rest:.3f}")
+          + f", loss and rest {whole - sum(parts.values()):.3f}")
     ratio = their_median / our_median
     print(f"  ratio  {ratio:.2f}  (rsl_rl s / ours s)")
     return ratio
