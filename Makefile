@@ -9,6 +9,7 @@ PIP := $(PY) -m pip
 PYTHON ?= $(firstword $(shell for p in python3.11 python3.12 python3; do command -v $$p; done))
 PIP_VERSION := 26.3
 SETUP_STAMP := $(VENV)/.unilab-setup-stamp
+NATIVE_SOURCES := $(wildcard unilab_ros/rl/native/*.cpp unilab_ros/rl/native/CMakeLists.txt)
 BENCH_STAMP := $(VENV)/.unilab-bench-stamp
 
 # `pip install torch` on Linux fetches the CUDA build from PyPI; TORCH_PIP_ARGS passes
@@ -21,20 +22,22 @@ ifneq ($(filter-out 0 false,$(CI)),)
 UNILAB_CI ?= 1
 endif
 
-.PHONY: setup openblas test demo bench lint clean distclean
+.PHONY: setup openblas native test demo bench lint clean distclean
 
 setup: $(SETUP_STAMP)
 
 # pip's PEP 660 editable install ignores setup.cfg's [develop]/[install] script dirs
 # (those steer colcon's `setup.py develop/install` into lib/unilab_ros), so the console
 # scripts land in .venv/bin. COLCON_IGNORE keeps a workspace crawl out of the venv.
-$(SETUP_STAMP): requirements.txt requirements-dev.txt setup.py setup.cfg package.xml
+$(SETUP_STAMP): requirements.txt requirements-dev.txt setup.py setup.cfg package.xml \
+    $(NATIVE_SOURCES)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV) || { \
 	  echo 'Could not create $(VENV): install python3-venv (Debian/Ubuntu).'; exit 1; }
 	$(PIP) install --upgrade pip==$(PIP_VERSION)
 	$(PIP) install -r requirements-dev.txt
 	$(PIP) install --no-deps -e .
 	@$(MAKE) --no-print-directory openblas
+	@$(MAKE) --no-print-directory native
 	touch $(VENV)/COLCON_IGNORE
 	touch $@
 
@@ -52,6 +55,11 @@ openblas:
 	  echo 'note: libopenblas0-pthread is not installed; MLX falls back to its reference'; \
 	  echo '      BLAS (slow matmuls). Install it with: sudo apt-get install libopenblas0-pthread'; \
 	fi
+
+# The fused activations for MLX's CPU backend (Linux; skipped elsewhere). A failed build
+# does not fail set-up: the activations then run on plain MLX ops, as the log says.
+native:
+	-$(PY) -m unilab_ros.rl.native
 
 test: setup
 	$(if $(UNILAB_CI),UNILAB_CI=$(UNILAB_CI)) $(PY) -m pytest -q $(PYTEST_ARGS)
@@ -88,4 +96,4 @@ clean:
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -exec rm -rf {} +
 
 distclean: clean
-	rm -rf $(VENV)
+	rm -rf $(VENV) unilab_ros/rl/native/_unilab_native*.so

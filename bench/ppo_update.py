@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import platform
 import statistics
 import subprocess
 import sys
@@ -76,6 +77,21 @@ def time_call(phase: Callable[[], Any]) -> float:
     start = time.perf_counter()
     phase()
     return time.perf_counter() - start
+
+
+def machine() -> str:
+    """CPU model, architecture and core count, so the figures say what they ran on."""
+    model = platform.processor() or "unknown CPU"
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            for line in cpuinfo:
+                # "model name" on x86_64; arm64 kernels name no model, only "CPU part".
+                if line.startswith(("model name", "Model name")):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return f"{model}, {platform.machine()}, {os.cpu_count()} CPUs"
 
 
 # ---- ours (MLX), in this process ------------------------------------------------------
@@ -159,6 +175,62 @@ def build_ours(size: Size, data_path: Path) -> Callable[[], Any]:
         return trainer.update(buffer)
 
     return phase
+
+
+def breakdown(size: Size, phase: Callable[[], Any], repeats: int) -> dict[str, float]:
+    """Seconds per update phase: the whole ``phase`` and our step's parts, each part timed
+    alone on a mini-batch and uncompiled (so they may add up to more than the whole): the
+    linear layers of both networks forward and backward (the ELU replaced by identity),
+    the ELU forward and backward on every hidden layer's output, gradient clipping plus
+    Adam. All are timed in turn in one loop, so load from other processes hits each alike.
+    """
+    import mlx.core as mx
+    import mlx.nn as nn
+    import mlx.optimizers as optim
+    from mlx.utils import tree_flatten, tree_map
+
+    from unilab_ros.rl.activations import elu
+    from unilab_ros.rl.model import MLP
+
+    steps = EPOCHS * MINI_BATCHES
+    batch = size.samples // MINI_BATCHES
+    obs = mx.random.normal((batch, size.obs_dim))
+    nets = nn.Module()
+    nets.actor = MLP(size.obs_dim, list(size.hidden), size.action_dim, lambda x: x, 0.01)
+    nets.critic = MLP(size.obs_dim, list(size.hidden), 1, lambda x: x, 1.0)
+    mx.eval(nets.parameters())
+    linear_grad = nn.value_and_grad(
+        nets, lambda model, x: mx.sum(model.actor(x)) + mx.sum(model.critic(x))
+    )
+    hidden = [mx.random.normal((batch, width)) for width in size.hidden] * 2
+    cotangents = [mx.random.normal(z.shape) for z in hidden]
+    grads = tree_map(lambda p: mx.random.normal(p.shape), nets.trainable_parameters())
+    optimizer = optim.Adam(learning_rate=LEARNING_RATE, bias_correction=True)
+    optimizer.init(nets.trainable_parameters())
+
+    def activation() -> list[mx.array]:
+        return [out for z, c in zip(hidden, cotangents, strict=True)
+                for out in mx.vjp(elu, [z], [c])[1]]
+
+    def clip_and_adam() -> list[Any]:
+        clipped, _ = optim.clip_grad_norm(grads, MAX_GRAD_NORM)
+        optimizer.update(nets, clipped)
+        return [p for _, p in tree_flatten(nets.parameters())] + [optimizer.state]
+
+    parts = {
+        "whole": (1, phase),
+        "matmul": (steps, lambda: linear_grad(nets, obs)),
+        "activation": (steps, activation),
+        "optimizer": (steps, clip_and_adam),
+    }
+    times: dict[str, list[float]] = {name: [] for name in parts}
+    for index in range(repeats + 1):
+        for name, (count, run) in parts.items():
+            start = time.perf_counter()
+            mx.eval(run())
+            if index > 0:  # the first round is the warm-up
+                times[name].append(count * (time.perf_counter() - start))
+    return {name: statistics.median(values) for name, values in times.items()}
 
 
 # ---- rsl_rl (PyTorch), in a child process ---------------------------------------------
@@ -317,6 +389,11 @@ def bench_size(size: Size, repeats: int, skip_reason: str | None, workdir: Path)
     our_median = statistics.median(ours)
     print(f"  ours   {our_median:8.3f} s  {size.samples / our_median:9.0f} samples/s"
           f"  (first call {our_first:.3f} s, enable_compile={PPOConfig().enable_compile})")
+    parts = breakdown(size, ours_phase, repeats)
+    whole = parts.pop("whole")
+    print(f"  ours breakdown (s per update of {whole:.3f} s; parts timed alone): "
+          + ", ".join(f"{name} {seconds:.3f}" for name, seconds in parts.items())
+          + f", loss and rest {whole - sum(parts.values()):.3f}")
     ratio = their_median / our_median
     print(f"  ratio  {ratio:.2f}  (rsl_rl s / ours s)")
     return ratio
@@ -330,6 +407,12 @@ def main() -> None:
     if args.rsl_rl_worker:
         rsl_rl_worker(args.rsl_rl_worker)
         return
+    import unilab_ros.rl  # noqa: F401 - loads the optimized BLAS before mlx
+    from unilab_ros.rl.activations import NATIVE_STATUS
+    from unilab_ros.rl.blas import loaded_blas
+
+    blas = loaded_blas or "the mlx wheel's own"
+    print(f"machine: {machine()}; BLAS for MLX: {blas}; ELU native kernels: {NATIVE_STATUS}")
     skip_reason = rsl_rl_missing()
     if skip_reason is not None:
         print(f"rsl_rl not available ({skip_reason}): it is skipped; `make bench` installs it")

@@ -22,6 +22,9 @@ class TrainerNodeConfig:
     """The watchdog publishes the safe action (else it only reports)."""
     update_safe_action: bool = True
     """Publish the safe action when an update starts (else publish nothing)."""
+    warm_up_update: bool = True
+    """Run one throwaway PPO update at start-up, before the first action, so MLX compiles
+    its kernels then and not in the first update (while the robot waits)."""
     update_trigger: str = "rollout_full"
     """rollout_full: update as soon as the rollout is full; episode_end: then keep
     acting without storing until every env's episode ends, and update while it resets."""

@@ -36,7 +36,7 @@ from unilab_ros.metrics_log import MetricsLog
 from unilab_ros.params import ConfigError, declare_config, read_config
 from unilab_ros.rl import PPOAgent
 from unilab_ros.rl.actions import ActionConfig, ActionMapper
-from unilab_ros.rl.agent import AgentConfig
+from unilab_ros.rl.agent import AgentConfig, warm_up_update
 from unilab_ros.rl.best import BestPolicy
 from unilab_ros.rl.blas import blas_description
 from unilab_ros.rl.checkpoint import Checkpoint, CheckpointError, restore_agent, save_checkpoint
@@ -82,18 +82,26 @@ class TrainerNode(Node):
         self.cfg = read_config(self, TrainerNodeConfig)
         agent_cfg = read_config(self, AgentConfig)
         try:
+            model_cfg = read_config(self, ModelConfig, "model")
+            ppo_cfg = read_config(self, PPOConfig, "ppo")
             self.actions = ActionMapper(
                 read_config(self, ActionConfig), agent_cfg.num_envs, agent_cfg.action_dim
             )
+            # Opened first: a bad path is reported alone, before any warm-up.
+            checkpoint = Checkpoint(self.cfg.resume_from) if self.cfg.resume_from else None
+            if self.cfg.warm_up_update:
+                # Before the agent: the warm-up reseeds MLX, and the agent seeds it again.
+                seconds = warm_up_update(agent_cfg, model_cfg, ppo_cfg)
+                self.get_logger().info(
+                    f"start-up: one throwaway PPO update compiled MLX's kernels in "
+                    f"{seconds:.1f} s, before the first action (cached on disk afterwards)"
+                )
             self.agent = PPOAgent(
-                agent_cfg,
-                read_config(self, ModelConfig, "model"),
-                read_config(self, PPOConfig, "ppo"),
-                action_bounds=self.actions.policy_bounds(),
+                agent_cfg, model_cfg, ppo_cfg, action_bounds=self.actions.policy_bounds()
             )
             self.best = BestPolicy(self.cfg.best_min_episodes, self._save_best)
-            if self.cfg.resume_from:
-                restore_agent(self.agent, Checkpoint(self.cfg.resume_from))
+            if checkpoint is not None:
+                restore_agent(self.agent, checkpoint)
         except (ValueError, CheckpointError) as error:
             raise ConfigError(str(error)) from None
         self.num_envs, self.obs_dim = agent_cfg.num_envs, agent_cfg.obs_dim
@@ -302,7 +310,8 @@ class TrainerNode(Node):
         assert self._bootstrap_obs is not None
         if self.cfg.update_safe_action:
             self._publish_safe_action()
-        if self._updates_run == 0 and self.agent.ppo_cfg.enable_compile:
+        first_compile = self.agent.ppo_cfg.enable_compile and not self.cfg.warm_up_update
+        if self._updates_run == 0 and first_compile:
             self.get_logger().info(
                 "first update: MLX compiles its kernels (up to a minute on a new machine; "
                 "cached on disk afterwards)"

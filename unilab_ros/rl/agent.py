@@ -146,3 +146,27 @@ class PPOAgent:
         self.iteration += 1
         metrics["update_time"] = time.perf_counter() - start
         return metrics
+
+
+def warm_up_update(
+    cfg: AgentConfig, model_cfg: ModelConfig | None = None, ppo_cfg: PPOConfig | None = None
+) -> float:
+    """Run one PPO update of a throwaway agent of these sizes; return its seconds.
+
+    MLX builds the compiled kernels of the update (C++ through the system compiler, up
+    to a minute on a new machine, cached on disk afterwards) when it is first evaluated.
+    Run before the real agent is made, this takes that out of the first rollout, where
+    the robot would hold the safe action meanwhile; the real agent seeds MLX's random
+    state again, so training goes exactly as without it.
+    """
+    start = time.perf_counter()
+    agent = PPOAgent(cfg, model_cfg, ppo_cfg)
+    rng = np.random.default_rng(cfg.seed)
+    rewards = np.zeros(cfg.num_envs, np.float32)
+    dones = np.zeros(cfg.num_envs, np.uint8)
+    full = False
+    while not full:
+        obs = rng.standard_normal((cfg.num_envs, cfg.obs_dim), dtype=np.float32)
+        full = agent.record(obs, agent.act(obs), rewards, dones)
+    agent.update(rng.standard_normal((cfg.num_envs, cfg.obs_dim), dtype=np.float32))
+    return time.perf_counter() - start
