@@ -1,58 +1,73 @@
-"""PPO learns Pendulum-v1 in-process (no ROS): the core's end-to-end learning check.
+"""PPO learns Pendulum-v1 in-process (no ROS) on several seeds, and holds what it learned.
 
-A random policy scores about -1200 to -1400 per episode; a swung-up, balanced pendulum
-about -150 to -400. With UNILAB_CI set (as the Makefile does under CI) a shorter run is
-held to a looser bound, still far from random.
+One seed proves little: floating-point rounding differs between CPUs, and a seed that
+solves on one machine can collapse on another. So several seeds train the shipped
+config/pendulum.yaml, two at a time in child processes, and each must
+
+- reach the solved region (rolling mean of 100 episodes above SOLVED) within the budget,
+- never fall far below it again (WORST_AFTER_SOLVED): the collapse this test exists for
+  took the rolling mean from -140 to below -450,
+- end close to its kept best policy (MAX_DROP_FROM_BEST).
+
+bench/learning.py measured seeds 0-4 at -186..-187 by 100k env steps and never below
+-225 afterwards through 500k. A random policy scores about -1250. Under CI
+(UNILAB_CI=1) three seeds train 120k env steps each (~1 min on 2 cores); the full run
+trains five seeds over 250k.
 """
 
-import os
-import time
+from __future__ import annotations
 
-import numpy as np
+import math
+import multiprocessing
+import os
+from concurrent.futures import ProcessPoolExecutor
+
 import pytest
 
-from unilab_ros.paths import config_file
-from unilab_ros.rl.agent import PPOAgent
-from unilab_ros.rl.demo import train
-from unilab_ros.rl.episodes import EpisodeStats
-from unilab_ros.rl.setup_file import load_setup
+CI = os.environ.get("UNILAB_CI", "").strip().lower() not in ("", "0", "false")
+SEEDS = (0, 1, 2) if CI else (0, 1, 2, 3, 4)
+ENV_STEPS = 120_000 if CI else 250_000
+SOLVED = -250.0
+WORST_AFTER_SOLVED = -350.0
+MAX_DROP_FROM_BEST = 100.0
 
-# (iterations, bound on the mean return of the late episodes). One iteration is 16 envs
-# x 64 steps; 16 episodes (200 steps each) end about every 3 iterations. Over seeds 0-5
-# the late mean was -150 to -340 after 40 iterations and -155 to -395 after 80, with
-# passing dips to -600 (the adaptive rate overshoots): the bounds leave room for those.
-FULL_RUN = (80, -500.0)
-CI_RUN = (40, -650.0)
-LATE_EPISODES = 32
-"""The last two rounds of 16 episodes: the policy of the last ~6 iterations."""
-IMPROVEMENT = 500.0
-"""Least gain of the late episodes over the first 16 (the untrained policy)."""
+pytestmark = pytest.mark.learning
 
 
-def bounded_run() -> bool:
-    """The Makefile's rule: any UNILAB_CI value but empty, 0 or false."""
-    return os.environ.get("UNILAB_CI", "").strip().lower() not in ("", "0", "false")
+def train_seed(seed: int) -> dict:
+    """Train one seed; the rolling-mean curve and the kept best (run in a child)."""
+    from unilab_ros.paths import config_file
+    from unilab_ros.rl.best import BestPolicy
+    from unilab_ros.rl.demo import train
+    from unilab_ros.rl.setup_file import load_setup
 
-
-@pytest.mark.learning
-def test_pendulum_return_improves_far_beyond_random():
-    iterations, bound = CI_RUN if bounded_run() else FULL_RUN
-    first_returns: list[float] = []
-
-    def keep_first_episodes(_agent: PPOAgent, stats: EpisodeStats, _m) -> None:
-        # The stats window drops old episodes, so the untrained baseline is copied early.
-        if not first_returns and len(stats.finished_returns) >= 16:
-            first_returns.extend(list(stats.finished_returns)[:16])
-
-    start = time.perf_counter()
     setup = load_setup(config_file("pendulum.yaml"))
-    agent, stats = train(setup, iterations, keep_first_episodes)
-    elapsed = time.perf_counter() - start
+    setup.agent.seed = seed
+    iterations = math.ceil(ENV_STEPS / (setup.agent.num_envs * setup.agent.num_steps))
+    curve: list[float] = []
+    best = BestPolicy()
+    train(setup, iterations, lambda _a, stats, _m: curve.append(stats.mean_return), best)
+    return {"curve": curve, "best": best.mean_return, "best_iteration": best.iteration}
 
-    returns = list(stats.finished_returns)
-    assert len(returns) >= LATE_EPISODES and first_returns
-    late, first = float(np.mean(returns[-LATE_EPISODES:])), float(np.mean(first_returns))
-    report = f"first {first:.0f}, late {late:.0f} after {iterations} iterations, {elapsed:.0f} s"
-    assert late > bound, report
-    assert late - first > IMPROVEMENT, report
-    assert agent.iteration == iterations
+
+@pytest.fixture(scope="module")
+def runs() -> dict[int, dict]:
+    # spawn: a forked child would inherit MLX's and OpenBLAS's threads mid-state.
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=2, mp_context=context) as pool:
+        return dict(zip(SEEDS, pool.map(train_seed, SEEDS), strict=True))
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_pendulum_seed_learns_and_does_not_collapse(runs, seed):
+    run = runs[seed]
+    curve = [value for value in run["curve"] if math.isfinite(value)]
+    report = f"seed {seed}: best {run['best']:.1f}; curve " + ", ".join(
+        f"{value:.0f}" for value in curve[::4]
+    )
+    solved_at = next((i for i, value in enumerate(curve) if value > SOLVED), None)
+    assert solved_at is not None, f"never solved; {report}"
+    assert min(curve[solved_at:]) > WORST_AFTER_SOLVED, f"collapsed after solving; {report}"
+    assert curve[-1] > run["best"] - MAX_DROP_FROM_BEST, f"ended far below its best; {report}"
+    # The final window has 100 episodes, so the kept best can only be at least as good.
+    assert run["best"] >= curve[-1], report

@@ -90,7 +90,7 @@ class PPOConfig:
     advantage_std_floor: float = 0.1
     """Advantages are divided by max(std, this x the running mean of past rollouts' std):
     a rollout with almost no return spread is not blown up to unit std; 0 disables."""
-    bounds_loss_coef: float = 0.0
+    bounds_loss_coef: float = 1.0
     """Weight of the squared excess of the action mean beyond the action limits (in policy
     units), so the mean cannot run away where clipping hides the action; 0 disables."""
     finite_check_interval: int = 8
