@@ -7,7 +7,13 @@ import rclpy
 from rcl_interfaces.msg import ParameterType
 from rclpy.parameter import Parameter
 
-from unilab_ros.params import ConfigError, declare_config, field_docs, read_config
+from unilab_ros.params import (
+    ConfigError,
+    declare_config,
+    field_docs,
+    read_config,
+    unknown_parameters,
+)
 from unilab_ros.rl.actions import ActionConfig
 from unilab_ros.rl.agent import AgentConfig
 from unilab_ros.rl.model import ModelConfig
@@ -144,8 +150,9 @@ def test_field_docstrings_are_the_parameter_descriptions(make_node):
     assert docs["learning_rate"].startswith("Adam learning rate")
     for field in dataclasses.fields(PPOConfig):
         described = node.describe_parameter(f"ppo.{field.name}")
-        assert described.description == docs[field.name], field.name
-        assert described.description, f"ppo.{field.name} has no docstring"
+        assert described.description == f"{docs[field.name]} (read at start)", field.name
+        assert docs[field.name], f"ppo.{field.name} has no docstring"
+        assert described.read_only
     # Multi-line docstrings become one line.
     step_timeout = node.describe_parameter("step_timeout").description
     assert step_timeout.startswith("Seconds (node clock") and "\n" not in step_timeout
@@ -164,3 +171,17 @@ def test_declared_types_follow_the_defaults(make_node):
     }
     for name, param_type in expected.items():
         assert node.describe_parameter(name).type == param_type, name
+
+
+def test_live_fields_are_declared_writable_and_say_so(make_node):
+    node = make_node()
+    declare_config(node, TrainerNodeConfig(), live={"training"})
+    training = node.describe_parameter("training")
+    assert not training.read_only and training.description.endswith("(may be set while running)")
+    assert node.describe_parameter("step_timeout").read_only
+
+
+def test_unknown_parameter_names_are_listed(make_node):
+    node = make_node(**{"step_timout": 2.0, "step_timeout": 2.0})
+    declare_config(node, TrainerNodeConfig())
+    assert unknown_parameters(node) == ["step_timout"]

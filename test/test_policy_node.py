@@ -13,6 +13,7 @@ from rclpy.executors import SingleThreadedExecutor
 from rclpy.parameter import Parameter
 from ros_helpers import spin_until
 from std_msgs.msg import Float32MultiArray, Float64MultiArray
+from std_srvs.srv import SetBool
 
 from unilab_ros.messages import read_matrix, to_float32_msg
 from unilab_ros.params import ConfigError
@@ -200,3 +201,22 @@ def test_main_exits_2_with_a_one_line_reason_without_a_checkpoint(ros_domain_env
     output = (result.stdout + result.stderr).strip().splitlines()
     assert "Traceback" not in result.stderr
     assert len(output) == 1 and "no checkpoint at" in output[0], output
+
+
+def test_deterministic_is_live_and_the_service_keeps_the_parameter_in_agreement(
+    make_harness, exported
+):
+    harness = make_harness(exported[0], deterministic=True)
+    node = harness.node
+    obs = np.random.default_rng(4).normal(size=(NUM_ENVS, OBS_DIM)).astype(np.float32)
+    assert np.array_equal(harness.act(obs), harness.act(obs))
+    client = harness.peer.create_client(SetBool, "/unilab_policy/set_deterministic")
+    assert harness.spin_until(client.service_is_ready)
+    future = client.call_async(SetBool.Request(data=False))
+    assert harness.spin_until(future.done) and future.result().success
+    assert node.get_parameter("deterministic").value is False and not node.cfg.deterministic
+    assert not np.array_equal(harness.act(obs), harness.act(obs)), "sampling again"
+    result = node.set_parameters([Parameter("deterministic", value=True)])[0]
+    assert result.successful and node.cfg.deterministic
+    refused = node.set_parameters([Parameter("num_envs", value=4)])[0]
+    assert not refused.successful and "read-only" in refused.reason

@@ -16,8 +16,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import rcl_interfaces.msg
 import rclpy
 from builtin_interfaces.msg import Time
+from rcl_interfaces.srv import DescribeParameters, GetParameters, SetParameters
 from rclpy.executors import SingleThreadedExecutor
 from rclpy.parameter import Parameter
 from ros_helpers import spin_until
@@ -26,6 +28,7 @@ from std_msgs.msg import Float32MultiArray, Float64MultiArray, UInt8MultiArray
 from std_srvs.srv import Empty, SetBool, Trigger
 
 from unilab_ros.messages import read_matrix, to_float32_msg, to_uint8_msg
+from unilab_ros.params import unknown_parameters
 from unilab_ros.rl.checkpoint import Checkpoint
 from unilab_ros.trainer_node import TrainerNode
 
@@ -670,3 +673,62 @@ def test_a_silent_pause_service_times_out_and_the_update_goes_on(make_env, conte
         assert env.trainer.agent.buffer.step == 1
     finally:
         silent.destroy_node()
+
+
+def set_remote(env: FakeEnv, **values):
+    """``ros2 param set``: through the node's SetParameters service."""
+    request = SetParameters.Request(
+        parameters=[Parameter(name, value=value).to_parameter_msg()
+                    for name, value in values.items()])
+    return env.call(SetParameters, "set_parameters", request).results
+
+
+def get_remote(env: FakeEnv, name: str):
+    response = env.call(GetParameters, "get_parameters", GetParameters.Request(names=[name]))
+    return Parameter.from_parameter_msg(
+        rcl_interfaces.msg.Parameter(name=name, value=response.values[0])).value
+
+
+@pytest.mark.parametrize("name, value", [("num_envs", 8), ("num_envs", -1),
+                                         ("ppo.clip_param", 0.1), ("action_high", [0.5])])
+def test_start_up_parameters_refuse_changes_with_a_reason(make_env, name, value):
+    env = make_env()
+    before = get_remote(env, name)
+    (result,) = set_remote(env, **{name: value})
+    assert not result.successful and "read-only" in result.reason
+    assert list(np.atleast_1d(get_remote(env, name))) == list(np.atleast_1d(before))
+    described = env.call(DescribeParameters, "describe_parameters",
+                         DescribeParameters.Request(names=[name])).descriptors[0]
+    assert described.read_only and described.description.endswith("(read at start)")
+
+
+def test_the_learning_rate_changes_while_running_and_bad_values_are_refused(make_env):
+    env = make_env()
+    (result,) = set_remote(env, **{"ppo.learning_rate": 1e-4})
+    assert result.successful
+    assert env.trainer.agent.trainer.learning_rate == pytest.approx(1e-4)
+    (result,) = set_remote(env, **{"ppo.learning_rate": -1.0})
+    assert not result.successful and "positive" in result.reason
+    assert env.trainer.agent.trainer.learning_rate == pytest.approx(1e-4)
+    assert get_remote(env, "ppo.learning_rate") == pytest.approx(1e-4)
+    env.start()
+    for _ in range(NUM_STEPS):
+        env.step()
+    assert env.trainer.last_metrics["learning_rate"] == pytest.approx(1e-4)
+
+
+def test_services_and_parameters_stay_in_agreement(make_env):
+    env = make_env()
+    env.call(SetBool, "set_training", SetBool.Request(data=False))
+    assert get_remote(env, "training") is False and env.trainer.cfg.training is False
+    (result,) = set_remote(env, training=True)
+    assert result.successful and env.trainer.cfg.training is True
+    env.call(SetBool, "set_deterministic", SetBool.Request(data=True))
+    assert get_remote(env, "deterministic") is True and env.trainer.cfg.deterministic
+    (result,) = set_remote(env, deterministic="yes")
+    assert not result.successful and env.trainer.cfg.deterministic is True
+
+
+def test_an_unknown_parameter_name_is_named(make_env):
+    env = make_env(**{"ppo.learning_rte": 0.1})
+    assert unknown_parameters(env.trainer) == ["ppo.learning_rte"]

@@ -15,9 +15,8 @@ state published last.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 
-from rclpy.exceptions import InvalidParameterTypeException
 from rclpy.node import Node
 from std_msgs.msg import Float32MultiArray, Float64MultiArray, String, UInt8MultiArray
 from std_srvs.srv import Empty
@@ -30,6 +29,7 @@ from unilab_ros.messages import (
     to_float32_msg,
     to_uint8_msg,
 )
+from unilab_ros.params import ConfigError, declare_config, read_config, warn_unknown_parameters
 
 NODE_NAME = 'gym_env'
 ACTION_TYPES = {'float32': Float32MultiArray, 'float64': Float64MultiArray}
@@ -58,8 +58,8 @@ class GymEnvParams:
     log_period: float = 10.0
     """Seconds between ~/status messages and episode-return log lines."""
 
-    def check(self) -> None:
-        """Raise GymEnvConfigError naming every out-of-range value."""
+    def validate(self) -> None:
+        """Raise ValueError naming every out-of-range value."""
         problems = []
         if self.num_envs < 1:
             problems.append(f'num_envs must be >= 1, got {self.num_envs}')
@@ -75,7 +75,7 @@ class GymEnvParams:
         if self.log_period <= 0:
             problems.append(f'log_period must be > 0 s, got {self.log_period}')
         if problems:
-            raise GymEnvConfigError('; '.join(problems))
+            raise ValueError('; '.join(problems))
 
 
 @dataclass(frozen=True)
@@ -97,13 +97,14 @@ class GymEnvNode(Node):
         super().__init__(NODE_NAME, **kwargs)
         try:
             self._setup()
-        except GymEnvConfigError:
+        except (GymEnvConfigError, ConfigError):
             self.destroy_node()
             raise
 
     def _setup(self) -> None:
-        params = self._declare_parameters()
-        params.check()
+        declare_config(self, GymEnvParams())
+        warn_unknown_parameters(self)
+        params = read_config(self, GymEnvParams)
         self._sim = GymVectorSim(params.env_id, params.num_envs, params.seed,
                                  params.max_episode_steps)
         self._rejected_actions = 0
@@ -131,17 +132,6 @@ class GymEnvNode(Node):
         self.get_logger().info(
             f'serving {params.num_envs} x {params.env_id}: obs_dim={self._sim.obs_dim}, '
             f'action_dim={self._sim.action_dim}, action type {params.action_type}')
-
-    def _declare_parameters(self) -> GymEnvParams:
-        values = {}
-        for field in fields(GymEnvParams):
-            try:
-                values[field.name] = self.declare_parameter(field.name, field.default).value
-            except InvalidParameterTypeException as error:
-                raise GymEnvConfigError(
-                    f'parameter {field.name} must be a {type(field.default).__name__} '
-                    f'like its default {field.default!r}') from error
-        return GymEnvParams(**values)
 
     @property
     def counters(self) -> GymEnvCounters:
@@ -225,7 +215,7 @@ class GymEnvNode(Node):
 
 
 def main(args: list[str] | None = None) -> None:
-    run_node(NODE_NAME, lambda _ordered: GymEnvNode(), args, (GymEnvConfigError,))
+    run_node(NODE_NAME, lambda _ordered: GymEnvNode(), args, (GymEnvConfigError, ConfigError))
 
 
 if __name__ == '__main__':

@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import inspect
 import textwrap
+from collections.abc import Collection
 from typing import Any, TypeVar
 
 from rcl_interfaces.msg import ParameterDescriptor
@@ -51,13 +52,26 @@ def _name(prefix: str, field_name: str) -> str:
     return f"{prefix}.{field_name}" if prefix else field_name
 
 
-def declare_config(node: Node, config: Any, prefix: str = "") -> None:
-    """Declare one parameter per field of ``config`` with its value as the default."""
+def declare_config(
+    node: Node, config: Any, prefix: str = "", live: Collection[str] = ()
+) -> None:
+    """Declare one parameter per field of ``config`` with its value as the default.
+
+    Fields named in ``live`` (full parameter names) may change while the node runs; the
+    node applies them in its on-set callback. Every other one is read once at start and
+    declared read-only, so ``ros2 param set`` refuses it instead of answering
+    "successful" for a value the node would ignore.
+    """
     docs = field_docs(type(config))
     for field in dataclasses.fields(config):
         name = _name(prefix, field.name)
         default = getattr(config, field.name)
-        descriptor = ParameterDescriptor(description=docs.get(field.name, ""))
+        read_only = name not in live
+        when = "read at start" if read_only else "may be set while running"
+        descriptor = ParameterDescriptor(
+            description=f"{docs.get(field.name, '')} ({when})".lstrip(),
+            read_only=read_only,
+        )
         try:
             node.declare_parameter(name, default, descriptor)
         except InvalidParameterTypeException as error:
@@ -67,6 +81,26 @@ def declare_config(node: Node, config: Any, prefix: str = "") -> None:
             ) from None
         except ParameterException as error:
             raise ConfigError(f"parameter '{name}': {error}") from None
+
+
+def unknown_parameters(node: Node) -> list[str]:
+    """Names given to the node (params file, ``-p``) that it does not declare.
+
+    rclpy keeps such overrides aside without a word, so a misspelled name would
+    silently leave its default in place; the nodes warn with this list.
+    """
+    # rclpy's own bookkeeping: there is no public accessor for the overrides.
+    overrides = getattr(node, "_parameter_overrides", {})
+    return sorted(name for name in overrides if not node.has_parameter(name))
+
+
+def warn_unknown_parameters(node: Node) -> None:
+    unknown = unknown_parameters(node)
+    if unknown:
+        node.get_logger().warning(
+            f"unknown parameter(s) ignored: {', '.join(unknown)} "
+            "(misspelled? `ros2 param list` shows the declared ones)"
+        )
 
 
 def read_config(node: Node, cls: type[Config], prefix: str = "") -> Config:

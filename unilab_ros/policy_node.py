@@ -12,15 +12,22 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from rcl_interfaces.msg import SetParametersResult
 from rclpy.clock import Clock, ClockType
 from rclpy.node import Node
+from rclpy.parameter import Parameter
 from rclpy.qos import QoSProfile
 from std_msgs.msg import Float32MultiArray, Float64MultiArray, String
 from std_srvs.srv import SetBool
 
 from unilab_ros.executors import run_node
 from unilab_ros.messages import MessageError, read_matrix, to_float32_msg, to_float64_msg
-from unilab_ros.params import ConfigError, declare_config, read_config
+from unilab_ros.params import (
+    ConfigError,
+    declare_config,
+    read_config,
+    warn_unknown_parameters,
+)
 from unilab_ros.rl.actions import ActionConfig, ActionMapper
 from unilab_ros.rl.checkpoint import CheckpointError, load_policy
 from unilab_ros.rl.policy import PolicySampler
@@ -60,8 +67,9 @@ class PolicyNodeConfig:
 class PolicyNode(Node):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(NODE_NAME, **kwargs)
-        declare_config(self, PolicyNodeConfig())
+        declare_config(self, PolicyNodeConfig(), live={"deterministic"})
         declare_config(self, ActionConfig())
+        warn_unknown_parameters(self)
         self.cfg = read_config(self, PolicyNodeConfig)
         try:
             self.model, checkpoint = load_policy(self.cfg.checkpoint)
@@ -83,6 +91,7 @@ class PolicyNode(Node):
         self._status_pub = self.create_publisher(String, "~/status", qos)
         self.create_subscription(Float32MultiArray, "observation", self._on_observation, qos)
         self.create_service(SetBool, "~/set_deterministic", self._srv_set_deterministic)
+        self.add_on_set_parameters_callback(self._on_set_parameters)
         steady = Clock(clock_type=ClockType.STEADY_TIME)
         self.create_timer(min(0.1, self.cfg.obs_timeout / 2.0), self._watchdog, clock=steady)
         self.create_timer(1.0, self._publish_status, clock=steady)
@@ -119,9 +128,18 @@ class PolicyNode(Node):
             self._action_pub.publish(self._to_msg(self.actions.safe, ("env", "action")))
 
     def _srv_set_deterministic(self, request: SetBool.Request, response: SetBool.Response) -> Any:
-        self.cfg.deterministic = bool(request.data)
-        response.success, response.message = True, f"deterministic={self.cfg.deterministic}"
+        # Through the parameter, so the service and `ros2 param get` always agree.
+        result = self.set_parameters([Parameter("deterministic", value=bool(request.data))])[0]
+        response.success = result.successful
+        response.message = f"deterministic={self.cfg.deterministic}"
         return response
+
+    def _on_set_parameters(self, params: list[Parameter]) -> SetParametersResult:
+        for param in params:
+            if param.name == "deterministic":
+                self.cfg.deterministic = bool(param.value)
+                self.get_logger().info(f"parameter deterministic set to {param.value}")
+        return SetParametersResult(successful=True)
 
     def _publish_status(self) -> None:
         state = "watchdog" if self._tripped else "deploying"

@@ -9,6 +9,7 @@ work runs on the executor's one thread.
 from __future__ import annotations
 
 import json
+import math
 import time
 from enum import Enum
 from pathlib import Path
@@ -16,8 +17,10 @@ from typing import Any
 
 import numpy as np
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
+from rcl_interfaces.msg import SetParametersResult
 from rclpy.clock import Clock, ClockType
 from rclpy.node import Node
+from rclpy.parameter import Parameter
 from rclpy.qos import QoSProfile
 from rclpy.subscription import Subscription
 from std_msgs.msg import Float32MultiArray, Float64MultiArray, String, UInt8MultiArray
@@ -33,7 +36,12 @@ from unilab_ros.messages import (
     to_float64_msg,
 )
 from unilab_ros.metrics_log import MetricsLog
-from unilab_ros.params import ConfigError, declare_config, read_config
+from unilab_ros.params import (
+    ConfigError,
+    declare_config,
+    read_config,
+    warn_unknown_parameters,
+)
 from unilab_ros.rl import PPOAgent
 from unilab_ros.rl.actions import ActionConfig, ActionMapper
 from unilab_ros.rl.agent import AgentConfig, warm_up_update
@@ -48,6 +56,8 @@ from unilab_ros.stepper import StepSync, Transition
 from unilab_ros.trainer_config import TrainerNodeConfig
 
 NODE_NAME = "unilab_trainer"
+LIVE_PARAMETERS = frozenset({"training", "deterministic", "ppo.learning_rate"})
+"""Parameters that take effect while running; every other one is read-only after start."""
 _WARN_PERIOD = 5.0
 """Seconds between repeats of one kind of warning."""
 
@@ -78,7 +88,8 @@ class TrainerNode(Node):
             (ModelConfig(), "model"),
             (PPOConfig(), "ppo"),
         ):
-            declare_config(self, config, prefix)
+            declare_config(self, config, prefix, LIVE_PARAMETERS)
+        warn_unknown_parameters(self)
         self.cfg = read_config(self, TrainerNodeConfig)
         agent_cfg = read_config(self, AgentConfig)
         try:
@@ -150,6 +161,7 @@ class TrainerNode(Node):
         self.create_service(Trigger, "~/save_checkpoint", self._srv_save)
         self.create_service(SetBool, "~/set_training", self._srv_set_training)
         self.create_service(SetBool, "~/set_deterministic", self._srv_set_deterministic)
+        self.add_on_set_parameters_callback(self._on_set_parameters)
         self._sim = SimPause(
             self,
             self.cfg.pause_service,
@@ -458,19 +470,47 @@ class TrainerNode(Node):
         return response
 
     def _srv_set_training(self, request: SetBool.Request, response: SetBool.Response) -> Any:
-        if self.cfg.training and not request.data:
-            self.agent.cut()
-        self.cfg.training = bool(request.data)
-        response.success, response.message = True, f"training={self.cfg.training}"
-        return response
+        return self._set_by_service("training", request.data, response)
 
     def _srv_set_deterministic(self, request: SetBool.Request, response: SetBool.Response) -> Any:
-        # Mean actions are not samples of the policy: PPO must not learn from them.
-        if request.data and not self.cfg.deterministic:
-            self.agent.cut()
-        self.cfg.deterministic = bool(request.data)
-        response.success, response.message = True, f"deterministic={self.cfg.deterministic}"
+        return self._set_by_service("deterministic", request.data, response)
+
+    def _set_by_service(self, name: str, value: bool, response: SetBool.Response) -> Any:
+        """The services set the parameter, so both always agree (one path: the callback)."""
+        result = self.set_parameters([Parameter(name, value=bool(value))])[0]
+        response.success = result.successful
+        response.message = f"{name}={getattr(self.cfg, name)}" + (
+            "" if result.successful else f": {result.reason}"
+        )
         return response
+
+    def _on_set_parameters(self, params: list[Parameter]) -> SetParametersResult:
+        """Validate every live change first, then apply them all (or none)."""
+        for param in params:
+            if param.name == "ppo.learning_rate":
+                rate = float(param.value)
+                if not math.isfinite(rate) or rate <= 0.0:
+                    return SetParametersResult(
+                        successful=False, reason="ppo.learning_rate must be positive"
+                    )
+        for param in params:
+            if param.name == "training":
+                if self.cfg.training and not param.value:
+                    self.agent.cut()
+                self.cfg.training = bool(param.value)
+            elif param.name == "deterministic":
+                # Mean actions are not samples of the policy: PPO must not learn from them.
+                if param.value and not self.cfg.deterministic:
+                    self.agent.cut()
+                self.cfg.deterministic = bool(param.value)
+            elif param.name == "ppo.learning_rate":
+                # The adaptive schedule goes on from this rate.
+                self.agent.trainer.learning_rate = float(param.value)
+                self.agent.ppo_cfg.learning_rate = float(param.value)
+            else:
+                continue
+            self.get_logger().info(f"parameter {param.name} set to {param.value}")
+        return SetParametersResult(successful=True)
 
     def close(self) -> None:
         """Save on the way out (shutdown, signal, or the last iteration); once."""
