@@ -140,3 +140,14 @@ def test_checkpoint_code_never_unpickles() -> None:
     pattern = re.compile(r"import pickle|pickle\.loads?\(|cloudpickle|allow_pickle=True")
     offenders = [p for p in package.rglob("*.py") if pattern.search(p.read_text())]
     assert offenders == []
+
+
+def test_a_checkpoint_with_non_finite_weights_is_refused(tmp_path):
+    agent = make_agent()
+    layer = agent.model.actor.layers[0]
+    layer.weight = layer.weight * float("nan")
+    path = save_checkpoint(tmp_path / "nan.safetensors", agent)
+    with pytest.raises(CheckpointError, match="non-finite"):
+        restore_agent(make_agent(), Checkpoint(path))
+    with pytest.raises(CheckpointError, match="non-finite"):
+        load_policy(path)

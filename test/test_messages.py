@@ -144,3 +144,12 @@ def test_reader_rejects_transposed_or_extra_dimensions():
         msg = Float32MultiArray(layout=layout, data=[0.0, 0.0])
         with pytest.raises(MessageError, match='layout.dim sizes'):
             read_matrix(msg, 2, 1)
+
+
+def test_values_beyond_the_limit_are_rejected_with_the_place():
+    msg = to_float32_msg(np.array([[0.0, 1.0], [2.0, 1e38]], np.float32))
+    with pytest.raises(MessageError, match="1e\\+38 at row 1 exceeds the limit 1e\\+06"):
+        read_matrix(msg, 2, 2, limit=1e6)
+    np.testing.assert_array_equal(read_matrix(msg, 2, 2)[1], np.array([2.0, 1e38], np.float32))
+    with pytest.raises(MessageError, match="exceeds the limit 5"):
+        read_vector(to_float32_msg(np.array([1.0, -6.0], np.float32), ("env",)), 2, limit=5.0)

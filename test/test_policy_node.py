@@ -220,3 +220,12 @@ def test_deterministic_is_live_and_the_service_keeps_the_parameter_in_agreement(
     assert result.successful and node.cfg.deterministic
     refused = node.set_parameters([Parameter("num_envs", value=4)])[0]
     assert not refused.successful and "read-only" in refused.reason
+
+
+def test_a_non_finite_action_becomes_the_safe_action(make_harness, exported):
+    harness = make_harness(exported[0])
+    layer = harness.node.model.actor.layers[0]
+    layer.weight = layer.weight * float("nan")
+    obs = np.zeros((NUM_ENVS, OBS_DIM), np.float32)
+    np.testing.assert_allclose(harness.act(obs), np.broadcast_to(SAFE, (NUM_ENVS, ACTION_DIM)))
+    assert harness.node.counters["nonfinite_actions"] == 1

@@ -19,6 +19,7 @@ import pytest
 import rcl_interfaces.msg
 import rclpy
 from builtin_interfaces.msg import Time
+from mlx.utils import tree_flatten
 from rcl_interfaces.srv import DescribeParameters, GetParameters, SetParameters
 from rclpy.executors import SingleThreadedExecutor
 from rclpy.parameter import Parameter
@@ -285,8 +286,9 @@ def test_under_sim_time_a_paused_clock_drops_no_step(make_env):
         Float32MultiArray(data=[0.0] * (NUM_ENVS * OBS_DIM - 1)),
         Float32MultiArray(data=[0.0] * (NUM_ENVS * OBS_DIM - 1) + [float("nan")]),
         Float32MultiArray(data=[float("inf")] + [0.0] * (NUM_ENVS * OBS_DIM - 1)),
+        Float32MultiArray(data=[1e38] + [0.0] * (NUM_ENVS * OBS_DIM - 1)),
     ],
-    ids=["wrong_length", "nan", "inf"],
+    ids=["wrong_length", "nan", "inf", "huge_finite"],
 )
 def test_bad_observations_are_rejected_without_action_or_storage(make_env, bad):
     env = make_env()
@@ -322,6 +324,46 @@ def test_bad_rewards_and_done_codes_are_rejected(make_env):
     env.step()
     assert env.trainer.agent.buffer.step == 1
     assert np.isfinite(env.trainer.agent.buffer.rewards[0]).all()
+    # A finite but huge reward is bad input too (reward_limit), not a return of 9e38.
+    env.reward_pub.publish(Float32MultiArray(data=[1e38, 0.0]))
+    assert env.spin_until(lambda: env.trainer.counters["rejected_rewards"] == 2)
+
+
+def test_a_huge_observation_cannot_poison_the_trainer(make_env):
+    env = make_env()
+    env.start()
+    for _ in range(NUM_STEPS):
+        env.obs_pub.publish(to_float32_msg(np.full((NUM_ENVS, OBS_DIM), 1e20, np.float32)))
+        env.step()
+    assert env.spin_until(lambda: env.trainer.counters["rejected_observations"] == NUM_STEPS)
+    assert env.trainer.agent.iteration == 1
+    normalizer = env.trainer.agent.model.normalizer
+    mean = np.array(normalizer.mean)
+    assert np.isfinite(mean).all() and np.abs(mean).max() < 10
+    assert all(np.isfinite(action).all() for action in env.actions)
+
+
+def test_a_non_finite_model_publishes_the_safe_action_and_restores_the_last_good_one(make_env):
+    env = make_env()
+    env.start()
+    # Short of the update: its safe and restart actions would arrive during the next step.
+    for _ in range(NUM_STEPS - 3):
+        env.step()
+    good = {k: np.array(v) for k, v in tree_flatten(env.trainer.agent.model.parameters())}
+    layer = env.trainer.agent.model.actor.layers[0]
+    layer.weight = layer.weight * float("nan")
+    action = env.step()
+    assert np.allclose(action, SAFE)
+    assert env.trainer.counters["nonfinite_actions"] == 1
+    restored = dict(tree_flatten(env.trainer.agent.model.parameters()))
+    assert all(np.array_equal(np.array(restored[k]), good[k]) for k in good)
+    # The step the safe action answered is not learned from; the next ones are.
+    stored = env.trainer.agent.buffer.step
+    action = env.step()
+    assert np.isfinite(action).all() and not np.allclose(action, SAFE)
+    assert env.trainer.agent.buffer.step == stored
+    env.step()
+    assert env.trainer.agent.buffer.step == stored + 1
 
 
 @pytest.mark.parametrize("use_sim_time", [False, True])

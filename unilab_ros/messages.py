@@ -71,18 +71,19 @@ def to_uint8_msg(values: np.ndarray, labels: Sequence[str] = ('env',)) -> UInt8M
 
 
 def read_matrix(msg: MultiArrayMsg, rows: int, cols: int,
-                dtype: DTypeLike = np.float32) -> np.ndarray:
+                dtype: DTypeLike = np.float32, limit: float = math.inf) -> np.ndarray:
     """The (rows, cols) array carried by `msg`, as a new array of `dtype`.
 
-    Raises MessageError on a wrong length, a disagreeing layout or non-finite values.
+    Raises MessageError on a wrong length, a disagreeing layout, non-finite values or a
+    magnitude above `limit` (a finite 1e38 would poison running statistics for good).
     """
-    return _read(msg, (rows, cols), dtype)
+    return _read(msg, (rows, cols), dtype, limit)
 
 
 def read_vector(msg: MultiArrayMsg, length: int,
-                dtype: DTypeLike = np.float32) -> np.ndarray:
+                dtype: DTypeLike = np.float32, limit: float = math.inf) -> np.ndarray:
     """The (length,) array carried by `msg` (e.g. rewards), validated like `read_matrix`."""
-    return _read(msg, (length,), dtype)
+    return _read(msg, (length,), dtype, limit)
 
 
 def read_done_codes(msg: UInt8MultiArray, num_envs: int) -> np.ndarray:
@@ -117,8 +118,8 @@ def _row_major_layout(shape: tuple[int, ...], labels: Sequence[str]) -> MultiArr
     return MultiArrayLayout(dim=dims[::-1], data_offset=0)
 
 
-def _read(msg: MultiArrayMsg, shape: tuple[int, ...], dtype: DTypeLike
-          ) -> np.ndarray:
+def _read(msg: MultiArrayMsg, shape: tuple[int, ...], dtype: DTypeLike,
+          limit: float = math.inf) -> np.ndarray:
     payload_dtype = _PAYLOAD_DTYPES.get(type(msg))
     if payload_dtype is None:
         raise MessageError(f'unsupported message type {type(msg).__name__}')
@@ -131,6 +132,10 @@ def _read(msg: MultiArrayMsg, shape: tuple[int, ...], dtype: DTypeLike
     if payload_dtype.kind == 'f' and not np.isfinite(flat).all():
         bad = int(np.flatnonzero(~np.isfinite(flat))[0])
         raise MessageError(f'non-finite value {flat[bad]} at row {bad // (expected // shape[0])}')
+    if payload_dtype.kind == 'f' and limit < math.inf and not (np.abs(flat) <= limit).all():
+        bad = int(np.flatnonzero(np.abs(flat) > limit)[0])
+        raise MessageError(f'value {flat[bad]:.3g} at row {bad // (expected // shape[0])} '
+                           f'exceeds the limit {limit:g}')
     # A copy, so the caller owns its array whatever happens to the message afterwards.
     return flat.astype(dtype, copy=True).reshape(shape)
 

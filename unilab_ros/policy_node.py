@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from rcl_interfaces.msg import SetParametersResult
 from rclpy.clock import Clock, ClockType
 from rclpy.node import Node
@@ -54,12 +55,16 @@ class PolicyNodeConfig:
     """float32 or float64 (ros2_control's forward_command_controller)."""
     qos_depth: int = 10
     """History depth of the topics."""
+    observation_limit: float = 1e6
+    """Observations with any |value| above this are rejected as bad input."""
 
     def validate(self) -> None:
         if not self.checkpoint:
             raise ValueError("checkpoint must name a checkpoint file")
         if self.num_envs < 1 or self.qos_depth < 1 or self.obs_timeout <= 0.0:
             raise ValueError("num_envs, qos_depth and obs_timeout must be positive")
+        if not self.observation_limit > 0.0:
+            raise ValueError("observation_limit must be positive")
         if self.action_msg_type not in ACTION_MSG_TYPES:
             raise ValueError(f"action_msg_type must be one of {ACTION_MSG_TYPES}")
 
@@ -79,7 +84,9 @@ class PolicyNode(Node):
         except (ValueError, CheckpointError) as error:
             raise ConfigError(str(error)) from None
         self.sampler = PolicySampler(self.model, checkpoint.agent_cfg.seed)
-        self.counters = {"actions": 0, "rejected_observations": 0, "watchdog_trips": 0}
+        self.counters = {
+            "actions": 0, "rejected_observations": 0, "watchdog_trips": 0, "nonfinite_actions": 0
+        }
         self._last_obs_time: float | None = None
         self._tripped = False
         qos = QoSProfile(depth=self.cfg.qos_depth)
@@ -102,7 +109,9 @@ class PolicyNode(Node):
 
     def _on_observation(self, msg: Float32MultiArray) -> None:
         try:
-            obs = read_matrix(msg, self.cfg.num_envs, self.model.obs_dim)
+            obs = read_matrix(
+                msg, self.cfg.num_envs, self.model.obs_dim, limit=self.cfg.observation_limit
+            )
         except MessageError as error:
             self.counters["rejected_observations"] += 1
             self.get_logger().warning(
@@ -112,6 +121,15 @@ class PolicyNode(Node):
         self._last_obs_time = time.monotonic()
         self._tripped = False
         actions = self.actions(self.sampler(obs, self.cfg.deterministic))
+        if not np.isfinite(actions).all():
+            # Whatever the model holds, no NaN or Inf reaches the robot.
+            actions = self.actions.safe
+            self.counters["nonfinite_actions"] += 1
+            self.get_logger().error(
+                f"the policy gave a non-finite action ({self.counters['nonfinite_actions']} "
+                "so far): the safe action was sent instead",
+                throttle_duration_sec=5.0,
+            )
         self._action_pub.publish(self._to_msg(actions, ("env", "action")))
         self.counters["actions"] += 1
 

@@ -49,6 +49,11 @@ class TrainerNodeConfig:
     the latest finished episodes (the window the logged mean_return uses)."""
     max_iterations: int = 0
     """Stop (and save) after this many iterations in total; 0 trains until stopped."""
+    observation_limit: float = 1e6
+    """Observations with any |value| above this are rejected as bad input (a finite but
+    huge value would poison the observation normalizer for good)."""
+    reward_limit: float = 1e6
+    """Rewards with any |value| above this are rejected as bad input."""
     qos_depth: int = 10
     """History depth of every topic."""
     action_msg_type: str = "float32"
@@ -76,5 +81,7 @@ class TrainerNodeConfig:
             raise ValueError("checkpoint_interval and max_iterations must be >= 0")
         if not 1 <= self.best_min_episodes <= 100:
             raise ValueError("best_min_episodes must be in 1..100 (the episode window)")
+        if not self.observation_limit > 0.0 or not self.reward_limit > 0.0:
+            raise ValueError("observation_limit and reward_limit must be positive")
         if self.qos_depth < 1:
             raise ValueError("qos_depth must be >= 1")

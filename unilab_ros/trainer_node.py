@@ -47,7 +47,13 @@ from unilab_ros.rl.actions import ActionConfig, ActionMapper
 from unilab_ros.rl.agent import AgentConfig, warm_up_update
 from unilab_ros.rl.best import BestPolicy
 from unilab_ros.rl.blas import blas_description
-from unilab_ros.rl.checkpoint import Checkpoint, CheckpointError, restore_agent, save_checkpoint
+from unilab_ros.rl.checkpoint import (
+    Checkpoint,
+    CheckpointError,
+    all_finite,
+    restore_agent,
+    save_checkpoint,
+)
 from unilab_ros.rl.episodes import EpisodeStats
 from unilab_ros.rl.model import ModelConfig
 from unilab_ros.rl.ppo import PPOConfig
@@ -113,6 +119,7 @@ class TrainerNode(Node):
             self.best = BestPolicy(self.cfg.best_min_episodes, self._save_best)
             if checkpoint is not None:
                 restore_agent(self.agent, checkpoint)
+            self._good_parameters = self.agent.model.parameters()
         except (ValueError, CheckpointError) as error:
             raise ConfigError(str(error)) from None
         self.num_envs, self.obs_dim = agent_cfg.num_envs, agent_cfg.obs_dim
@@ -127,8 +134,10 @@ class TrainerNode(Node):
             "discarded_during_update": 0,
             "watchdog_trips": 0,
             "safe_actions_published": 0,
+            "nonfinite_actions": 0,
         }
         self.state = State.WAITING
+        self._warned_at: dict[str, float] = {}
         self._updates_run = 0
         self.last_metrics: dict[str, float] = {}
         self._latest_obs: tuple[np.ndarray, int] | None = None
@@ -188,19 +197,29 @@ class TrainerNode(Node):
 
     # Message callbacks: convert, validate, hand over.
 
-    def _read(self, kind: str, reader: Any, msg: Any, *shape: int) -> np.ndarray | None:
+    def _read(
+        self, kind: str, reader: Any, msg: Any, *shape: int, **limit: float
+    ) -> np.ndarray | None:
         try:
-            return reader(msg, *shape)
+            return reader(msg, *shape, **limit)
         except MessageError as error:
             self.counters[f"rejected_{kind}s"] += 1
-            self.get_logger().warning(
-                f"rejected {kind} ({self.counters[f'rejected_{kind}s']} so far): {error.reason}",
-                throttle_duration_sec=_WARN_PERIOD,
-            )
+            # Throttled per topic: rclpy throttles per call site, and one noisy topic
+            # must not hide the others' problems.
+            now = time.monotonic()
+            if now - self._warned_at.get(kind, -math.inf) >= _WARN_PERIOD:
+                self._warned_at[kind] = now
+                self.get_logger().warning(
+                    f"rejected {kind} ({self.counters[f'rejected_{kind}s']} so far): "
+                    f"{error.reason}"
+                )
             return None
 
     def _on_observation(self, msg: Float32MultiArray, stamp: int) -> None:
-        obs = self._read("observation", read_matrix, msg, self.num_envs, self.obs_dim)
+        obs = self._read(
+            "observation", read_matrix, msg, self.num_envs, self.obs_dim,
+            limit=self.cfg.observation_limit,
+        )
         if obs is None:
             return
         self._latest_obs = (obs, stamp)
@@ -216,7 +235,9 @@ class TrainerNode(Node):
                 self._handle(result)
 
     def _on_reward(self, msg: Float32MultiArray, stamp: int) -> None:
-        reward = self._read("reward", read_vector, msg, self.num_envs)
+        reward = self._read(
+            "reward", read_vector, msg, self.num_envs, limit=self.cfg.reward_limit
+        )
         if reward is not None and self.state in (State.COLLECTING, State.EPISODE_END):
             self._handle(self.sync.on_reward(reward, stamp))
 
@@ -255,12 +276,37 @@ class TrainerNode(Node):
 
     def _act_on(self, obs: np.ndarray, stamp: int) -> None:
         actions = self.agent.act(obs, deterministic=self.cfg.deterministic)
-        self._action_pub.publish(self._to_msg(self.actions(actions), ("env", "action")))
+        command = self.actions(actions)
+        finite = bool(np.isfinite(command).all())
+        if not finite:
+            # Whatever the model holds, no NaN or Inf reaches the robot.
+            command = self.actions.safe
+            self._on_nonfinite_action()
+        self._action_pub.publish(self._to_msg(command, ("env", "action")))
         self.sync.action_sent(obs, actions, stamp, self._now())
         self._acted_stamp = stamp
-        # A mean action is no sample of the policy: PPO must not learn from its step,
-        # even if deterministic mode is switched off before the step completes.
-        self._acted_by_sampling = not self.cfg.deterministic
+        # A mean action is no sample of the policy, nor is a safe action sent in its place:
+        # PPO must not learn from their steps, even if deterministic mode is switched off
+        # before the step completes.
+        self._acted_by_sampling = finite and not self.cfg.deterministic
+
+    def _on_nonfinite_action(self) -> None:
+        self.counters["nonfinite_actions"] += 1
+        restored = not all_finite(self.agent.model.parameters())
+        if restored:
+            self.agent.model.update(self._good_parameters)
+        self.get_logger().error(
+            f"the policy gave a non-finite action ({self.counters['nonfinite_actions']} so "
+            "far): the safe action was sent instead"
+            + ("; the last finite model parameters are restored" if restored else ""),
+            throttle_duration_sec=_WARN_PERIOD,
+        )
+
+    def _keep_good_parameters(self) -> None:
+        """Remember the model if it is finite (MLX arrays are immutable: references)."""
+        parameters = self.agent.model.parameters()
+        if all_finite(parameters):
+            self._good_parameters = parameters
 
     def _publish_safe_action(self) -> None:
         self._action_pub.publish(self._to_msg(self.actions.safe, ("env", "action")))
@@ -329,6 +375,7 @@ class TrainerNode(Node):
                 "cached on disk afterwards)"
             )
         metrics = self.agent.update(self._bootstrap_obs)
+        self._keep_good_parameters()
         self._updates_run += 1
         self._report_iteration(metrics)
         self.best.offer(self.agent, self.stats)
@@ -368,7 +415,9 @@ class TrainerNode(Node):
                 self.counters["discarded_during_update"] += 1
                 if sub is self._obs_sub:
                     try:
-                        obs = read_matrix(msg, self.num_envs, self.obs_dim)
+                        obs = read_matrix(
+                            msg, self.num_envs, self.obs_dim, limit=self.cfg.observation_limit
+                        )
                     except MessageError:
                         continue
                     newest = (obs, info["received_timestamp"])

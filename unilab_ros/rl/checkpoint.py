@@ -163,6 +163,8 @@ class Checkpoint:
                 f"{self.path} holds a model of another shape than the configured one "
                 f"(obs_dim/action_dim/hidden dims/std type differ)"
             )
+        if not all_finite(params):
+            raise CheckpointError(f"{self.path} holds non-finite (NaN or Inf) model values")
         model.update(params)
         mx.eval(model.parameters())
 
@@ -202,3 +204,8 @@ def arrays_equal(a: Any, b: Any) -> bool:
         and np.array_equal(np.array(flat_a[k]), np.array(flat_b[k]))
         for k in flat_a
     )
+
+
+def all_finite(tree: Any) -> bool:
+    """True when every array of ``tree`` holds only finite values."""
+    return all(bool(mx.all(mx.isfinite(value)).item()) for _, value in tree_flatten(tree))
