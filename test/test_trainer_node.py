@@ -6,6 +6,7 @@ tiny (2 envs x obs 3 -> action 1, 4-step rollouts) so an update takes millisecon
 The subprocess tests load the shipped YAML files and check the exit codes of `main()`.
 """
 
+import json
 import os
 import signal
 import subprocess
@@ -774,3 +775,44 @@ def test_services_and_parameters_stay_in_agreement(make_env):
 def test_an_unknown_parameter_name_is_named(make_env):
     env = make_env(**{"ppo.learning_rte": 0.1})
     assert unknown_parameters(env.trainer) == ["ppo.learning_rte"]
+
+
+def test_a_folder_that_refuses_writes_does_not_stop_training(make_env, tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    env = make_env(checkpoint_dir=str(blocker / "checkpoints"), tensorboard=True)
+    env.start()
+    for _ in range(NUM_STEPS + 1):
+        env.step()
+    trainer = env.trainer
+    assert trainer.agent.iteration == 1 and trainer._log.failures >= 1
+    response = env.call(Trigger, "save_checkpoint", Trigger.Request())
+    assert not response.success and "saving failed" in response.message
+    assert trainer.counters["save_failures"] >= 1
+    status = json.loads(json.dumps(trainer.status(), allow_nan=False))
+    assert "NotADirectoryError" in status["last_save_error"] or "FileExists" in (
+        status["last_save_error"])
+    env.step()  # still acting
+
+
+def test_a_full_disk_during_a_save_is_reported_not_fatal(make_env, monkeypatch):
+    env = make_env()
+    env.start()
+
+    def disk_full(*_args, **_kwargs):
+        raise RuntimeError("[save_safetensors] Failed to write: No space left on device")
+
+    monkeypatch.setattr("unilab_ros.rl.checkpoint.mx.save_safetensors", disk_full)
+    response = env.call(Trigger, "save_checkpoint", Trigger.Request())
+    assert not response.success and "No space left" in response.message
+    assert env.trainer.counters["save_failures"] == 1
+    assert not list(Path(env.trainer.cfg.checkpoint_dir).glob(".*safetensors")), "temp files"
+    env.step()
+    monkeypatch.undo()
+    assert env.call(Trigger, "save_checkpoint", Trigger.Request()).success
+
+
+def test_the_status_is_strict_json_before_any_episode(make_env):
+    env = make_env()
+    status = json.dumps(env.trainer.status(), allow_nan=False)
+    assert json.loads(status)["mean_return"] is None

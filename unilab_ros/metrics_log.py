@@ -12,44 +12,75 @@ _LOG = logging.getLogger(__name__)
 
 
 class MetricsLog:
-    """Appends one CSV row per iteration; the columns are fixed by the first row."""
+    """Appends one CSV row per iteration; the columns are fixed by the first row.
+
+    A folder or disk that refuses writes (read-only, full) does not stop training: the
+    failure is logged once and counted in ``failures``, and later rows are tried again.
+    """
 
     def __init__(self, folder: str | Path, tensorboard: bool = True) -> None:
         self.folder = Path(folder)
-        self.folder.mkdir(parents=True, exist_ok=True)
         self.csv_path = self.folder / "metrics.csv"
+        self.failures = 0
+        self._logged_failure = False
         self._columns: list[str] | None = None
-        if self.csv_path.exists() and self.csv_path.stat().st_size > 0:
-            with open(self.csv_path, newline="") as handle:
-                self._columns = next(csv.reader(handle), None)
         self._writer: Any = None
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            if self.csv_path.exists() and self.csv_path.stat().st_size > 0:
+                with open(self.csv_path, newline="") as handle:
+                    self._columns = next(csv.reader(handle), None)
+        except OSError as error:
+            self._failed(error)
         if tensorboard:
-            try:
-                from tensorboardX import SummaryWriter
-            except ImportError:
-                _LOG.warning("tensorboardX is not installed: TensorBoard logging is off")
-            else:
-                self._writer = SummaryWriter(str(self.folder / "tensorboard"))
+            self._writer = self._tensorboard_writer()
+
+    def _tensorboard_writer(self) -> Any:
+        try:
+            from tensorboardX import SummaryWriter
+        except ImportError:
+            _LOG.warning("tensorboardX is not installed: TensorBoard logging is off")
+            return None
+        try:
+            return SummaryWriter(str(self.folder / "tensorboard"))
+        except OSError as error:
+            _LOG.error("TensorBoard logging is off: %s", error)
+            return None
+
+    def _failed(self, error: Exception) -> None:
+        self.failures += 1
+        if not self._logged_failure:
+            self._logged_failure = True
+            _LOG.error("cannot write %s (training goes on; logged once): %s", self.csv_path, error)
 
     def write(self, iteration: int, values: dict[str, float]) -> None:
         row = {"iteration": iteration, **values}
         new_file = self._columns is None
-        if new_file:
-            self._columns = list(row)
-        with open(self.csv_path, "a", newline="") as handle:
-            writer = csv.DictWriter(handle, fieldnames=self._columns, extrasaction="ignore")
-            if new_file:
-                writer.writeheader()
-            writer.writerow(row)
+        columns = self._columns or list(row)
+        try:
+            with open(self.csv_path, "a", newline="") as handle:
+                writer = csv.DictWriter(handle, fieldnames=columns, extrasaction="ignore")
+                if new_file:
+                    writer.writeheader()
+                writer.writerow(row)
+            self._columns = columns
+        except OSError as error:
+            self._failed(error)
         if self._writer is not None:
-            for key, value in values.items():
-                if isinstance(value, int | float) and math.isfinite(value):
-                    self._writer.add_scalar(key, value, iteration)
-            self._writer.flush()
+            try:
+                for key, value in values.items():
+                    if isinstance(value, int | float) and math.isfinite(value):
+                        self._writer.add_scalar(key, value, iteration)
+                self._writer.flush()
+            except OSError as error:
+                self._failed(error)
 
     def close(self) -> None:
         if self._writer is not None:
-            self._writer.close()
+            try:
+                self._writer.close()
+            except OSError as error:
+                self._failed(error)
             self._writer = None
 
 

@@ -135,7 +135,10 @@ class TrainerNode(Node):
             "watchdog_trips": 0,
             "safe_actions_published": 0,
             "nonfinite_actions": 0,
+            "save_failures": 0,
         }
+        self.last_save_error = ""
+        self._save_errors_logged: set[tuple[str, int | None]] = set()
         self.state = State.WAITING
         self._warned_at: dict[str, float] = {}
         self._updates_run = 0
@@ -455,8 +458,11 @@ class TrainerNode(Node):
 
     def _publish_diagnostics(self, values: dict[str, float]) -> None:
         problems = self.sync.counters["steps_dropped"] + self.counters["rejected_observations"]
+        level = DiagnosticStatus.WARN if problems else DiagnosticStatus.OK
+        if self.counters["save_failures"] or self._log.failures:
+            level = DiagnosticStatus.ERROR
         status = DiagnosticStatus(
-            level=DiagnosticStatus.WARN if problems else DiagnosticStatus.OK,
+            level=level,
             name=f"{self.get_fully_qualified_name()}: training",
             message=f"iteration {self.agent.iteration}",
             hardware_id=self.get_fully_qualified_name(),
@@ -474,8 +480,11 @@ class TrainerNode(Node):
             "buffer_steps": self.agent.buffer.step,
             "training": self.cfg.training,
             "deterministic": self.cfg.deterministic,
-            "mean_return": self.stats.mean_return,
+            # JSON has no NaN (strict parsers refuse it): no episode yet reads null.
+            "mean_return": _json_number(self.stats.mean_return),
             "sim_service_failures": self._sim.calls_failed,
+            "metrics_log_failures": self._log.failures,
+            "last_save_error": self.last_save_error,
             **self.sync.counters,
             **self.counters,
         }
@@ -485,14 +494,33 @@ class TrainerNode(Node):
 
     # Services and checkpoints.
 
-    def save(self, reason: str) -> Path:
-        """Write the training checkpoint (and ``latest``); returns the iteration's file."""
+    def save(self, reason: str) -> Path | None:
+        """Write the training checkpoint (and ``latest``); returns the iteration's file,
+        or None when the disk refused (logged once per kind, counted, training goes on)."""
         extra = {"reason": reason, "node": self.status()}
         path = self._checkpoint_dir / f"checkpoint_{self.agent.iteration:06d}.safetensors"
-        save_checkpoint(path, self.agent, extra)
-        save_checkpoint(self._checkpoint_dir / "latest.safetensors", self.agent, extra)
+        if not self._write_checkpoint(path, extra, f"checkpoint ({reason})"):
+            return None
+        self._write_checkpoint(self._checkpoint_dir / "latest.safetensors", extra, "latest")
         self.get_logger().info(f"checkpoint saved ({reason}): {path}")
         return path
+
+    def _write_checkpoint(self, path: Path, extra: dict[str, Any], what: str) -> bool:
+        try:
+            save_checkpoint(path, self.agent, extra)
+        # MLX reports a full disk as RuntimeError, the filesystem the rest as OSError.
+        except (OSError, RuntimeError) as error:
+            self.counters["save_failures"] += 1
+            self.last_save_error = f"{what}: {type(error).__name__}: {error}"
+            kind = (type(error).__name__, getattr(error, "errno", None))
+            if kind not in self._save_errors_logged:
+                self._save_errors_logged.add(kind)
+                self.get_logger().error(
+                    f"could not save the {self.last_save_error}; training goes on (this kind "
+                    "of error is logged once; see save_failures in ~/status)"
+                )
+            return False
+        return True
 
     def _save_best(self, agent: PPOAgent) -> None:
         """Keep the new best policy as ``best.safetensors`` (a training checkpoint)."""
@@ -500,22 +528,18 @@ class TrainerNode(Node):
         extra = {"reason": "best", "best_mean_return": best.mean_return,
                  "best_min_episodes": best.min_episodes, "node": self.status()}
         path = self._checkpoint_dir / "best.safetensors"
-        try:
-            save_checkpoint(path, agent, extra)
-        except OSError as error:
-            self.get_logger().error(f"could not save the best policy: {error}")
-            return
-        self.get_logger().info(
-            f"new best: mean return {best.mean_return:.2f} over the last "
-            f"{best.min_episodes} episodes at iteration {best.iteration}: {path}"
-        )
+        if self._write_checkpoint(path, extra, "best policy"):
+            self.get_logger().info(
+                f"new best: mean return {best.mean_return:.2f} over the last "
+                f"{best.min_episodes} episodes at iteration {best.iteration}: {path}"
+            )
 
     def _srv_save(self, _request: Trigger.Request, response: Trigger.Response) -> Any:
-        try:
-            response.message = str(self.save("service call"))
-            response.success = True
-        except OSError as error:
-            response.success, response.message = False, f"saving failed: {error}"
+        path = self.save("service call")
+        response.success = path is not None
+        response.message = (
+            str(path) if path is not None else f"saving failed: {self.last_save_error}"
+        )
         return response
 
     def _srv_set_training(self, request: SetBool.Request, response: SetBool.Response) -> Any:
@@ -567,15 +591,16 @@ class TrainerNode(Node):
             return
         self._closed = True
         if self.state is not State.FINISHED and self.agent.iteration > 0:
-            try:
-                self.save("shutdown")
-            except OSError as error:
-                self.get_logger().error(f"could not save the checkpoint on shutdown: {error}")
+            self.save("shutdown")
         self._log.close()
 
     def destroy_node(self) -> None:
         self.close()
         super().destroy_node()
+
+
+def _json_number(value: float) -> float | None:
+    return value if math.isfinite(value) else None
 
 
 def _stamped_at_reception(
