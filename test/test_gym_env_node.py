@@ -151,7 +151,7 @@ def _reference_envs(env_id: str, num_envs: int, seed: int, **make_kwargs):
     return envs, first.astype(np.float32)
 
 
-def test_first_observation_is_republished_until_an_action_arrives(harness_factory):
+def test_the_latest_observation_is_republished_while_no_action_comes(harness_factory):
     harness = harness_factory(num_envs=2, seed=3, republish_period=0.05)
     assert harness.spin_until(lambda: len(harness.received['observation']) >= 4)
     assert harness.env.waiting_for_first_action
@@ -161,13 +161,25 @@ def test_first_observation_is_republished_until_an_action_arrives(harness_factor
     _, reference_first = _reference_envs('Pendulum-v1', 2, seed=3)
     np.testing.assert_allclose(first, reference_first, rtol=1e-6)
 
-    harness.step(np.zeros((2, 1)))
+    # A trainer restarted mid-run gets the state the environment waits in, not the first.
+    _, _, stepped = harness.step(np.zeros((2, 1)))
     assert not harness.env.waiting_for_first_action
-    published = harness.env.counters.first_observation_publishes
     received = len(harness.received['observation'])
-    harness.spin_for(0.3)
-    assert harness.env.counters.first_observation_publishes == published
-    assert len(harness.received['observation']) == received
+    republished = harness.env.counters.observation_republishes
+    assert harness.spin_until(lambda: len(harness.received['observation']) >= received + 2)
+    assert harness.env.counters.observation_republishes >= republished + 2
+    for msg in harness.received['observation'][received:]:
+        np.testing.assert_array_equal(read_matrix(msg, 2, 3), stepped)
+
+
+def test_nothing_is_republished_while_actions_keep_coming(harness_factory):
+    harness = harness_factory(num_envs=2, seed=3, republish_period=0.2)
+    harness.step(np.zeros((2, 1)))
+    republished = harness.env.counters.observation_republishes
+    deadline = time.monotonic() + 0.6
+    while time.monotonic() < deadline:
+        harness.step(np.zeros((2, 1)))
+    assert harness.env.counters.observation_republishes == republished
 
 
 def test_an_action_steps_every_env_and_publishes_reward_done_observation(harness_factory):
@@ -290,7 +302,13 @@ def test_paused_actions_are_counted_and_dropped_and_resume_steps_on(harness_fact
     assert not harness.env.paused
     harness.spin_for(0.2)
     assert harness.env.counters.steps == 1, 'a paused env is not stepped'
-    assert harness.published() == published, 'neither pause nor resume publishes'
+    # Neither pause nor resume steps or publishes a step; only a quiet period after the
+    # resume re-publishes the state the env waits in.
+    now = harness.published()
+    assert (now['reward'], now['done']) == (published['reward'], published['done'])
+    latest = read_matrix(harness.received['observation'][published['observation'] - 1], 2, 3)
+    for msg in harness.received['observation'][published['observation']:]:
+        np.testing.assert_array_equal(read_matrix(msg, 2, 3), latest)
 
     # The next action steps from the state published last: the dropped ones left no trace.
     _, _, observation = harness.step(action)
@@ -305,12 +323,12 @@ def test_paused_before_the_first_action_the_first_observation_is_not_republished
         harness_factory):
     harness = harness_factory(republish_period=0.05)
     harness.call('pause')
-    publishes = harness.env.counters.first_observation_publishes
+    publishes = harness.env.counters.observation_republishes
     harness.spin_for(0.3)
-    assert harness.env.counters.first_observation_publishes == publishes
+    assert harness.env.counters.observation_republishes == publishes
     harness.call('resume')
     assert harness.spin_until(
-        lambda: harness.env.counters.first_observation_publishes > publishes)
+        lambda: harness.env.counters.observation_republishes > publishes)
 
 
 def test_mujoco_env_is_served(harness_factory):

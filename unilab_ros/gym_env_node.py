@@ -1,10 +1,12 @@
 """Serve any Gymnasium environment over the unilab_ros topic contract.
 
 `num_envs` copies of `env_id` step together (SyncVectorEnv). The node publishes the first
-`observation` alone and re-publishes it every `republish_period` until the first valid
-`action` arrives, so a trainer started later still gets its first state. Each valid action
-then steps every env and publishes `reward`, `done` and the next `observation`, in that
-order. Only Box observation and Box action spaces are served.
+`observation` alone. Each valid action then steps every env and publishes `reward`, `done`
+and the next `observation`, in that order. Whenever no action has come for
+`republish_period`, the latest observation is published again, so a trainer started
+later, or restarted while the environment runs on, still gets the state to act on (the
+trainer drops a copy of a state it already acted on). Only Box observation and Box
+action spaces are served.
 
 `~/pause` and `~/resume` (std_srvs/Empty) stop and restart the simulation, as Gazebo's
 /pause_physics and /unpause_physics do: while paused, actions are counted and dropped and
@@ -15,6 +17,7 @@ state published last.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import asdict, dataclass
 
 from rclpy.node import Node
@@ -50,7 +53,8 @@ class GymEnvParams:
     max_episode_steps: int = 0
     """Time limit (done code 2) per episode; 0 keeps the env's registered limit."""
     republish_period: float = 0.5
-    """Seconds between re-publications of the first observation until an action arrives."""
+    """Seconds without an action after which the latest observation is published again
+    (and again every period); 0 disables."""
     action_type: str = 'float32'
     """'float32' (Float32MultiArray) or 'float64' (Float64MultiArray, as ros2_control)."""
     qos_depth: int = 10
@@ -86,7 +90,7 @@ class GymEnvCounters:
     episodes: int
     rejected_actions: int
     actions_while_paused: int
-    first_observation_publishes: int
+    observation_republishes: int
     mean_return: float | None
 
 
@@ -110,7 +114,7 @@ class GymEnvNode(Node):
         self._rejected_actions = 0
         self._actions_while_paused = 0
         self._paused = False
-        self._first_observation_publishes = 0
+        self._observation_republishes = 0
         self._logged_episodes = 0
 
         self._observation_pub = self.create_publisher(Float32MultiArray, 'observation',
@@ -123,11 +127,13 @@ class GymEnvNode(Node):
         self.create_service(Empty, '~/pause', self._srv_pause)
         self.create_service(Empty, '~/resume', self._srv_resume)
 
-        self._first_observation = to_float32_msg(self._sim.reset(), ('env', 'obs'))
-        self._publish_first_observation()
-        self._republish_timer = (self.create_timer(params.republish_period,
-                                                   self._publish_first_observation)
-                                 if params.republish_period > 0 else None)
+        self._republish_period = params.republish_period
+        self._latest_observation = to_float32_msg(self._sim.reset(), ('env', 'obs'))
+        self._observation_pub.publish(self._latest_observation)
+        self._quiet_since = time.monotonic()
+        if params.republish_period > 0:
+            # Checked four times a period, so a re-publication is late by a quarter at most.
+            self.create_timer(params.republish_period / 4.0, self._republish_if_quiet)
         self.create_timer(params.log_period, self._report)
         self.get_logger().info(
             f'serving {params.num_envs} x {params.env_id}: obs_dim={self._sim.obs_dim}, '
@@ -138,12 +144,12 @@ class GymEnvNode(Node):
         return GymEnvCounters(steps=self._sim.steps, episodes=self._sim.episodes,
                               rejected_actions=self._rejected_actions,
                               actions_while_paused=self._actions_while_paused,
-                              first_observation_publishes=self._first_observation_publishes,
+                              observation_republishes=self._observation_republishes,
                               mean_return=self._sim.mean_return())
 
     @property
     def waiting_for_first_action(self) -> bool:
-        return self._first_observation is not None
+        return self._sim.steps == 0
 
     @property
     def paused(self) -> bool:
@@ -155,13 +161,15 @@ class GymEnvNode(Node):
             self._sim = None
         super().destroy_node()
 
-    def _publish_first_observation(self) -> None:
+    def _republish_if_quiet(self) -> None:
         # Paused, the simulation publishes nothing: a trainer that saw a state now would act
         # on it, and its action would be dropped.
-        if self._first_observation is None or self._paused:
+        now = time.monotonic()
+        if self._paused or now - self._quiet_since < self._republish_period:
             return
-        self._observation_pub.publish(self._first_observation)
-        self._first_observation_publishes += 1
+        self._observation_pub.publish(self._latest_observation)
+        self._observation_republishes += 1
+        self._quiet_since = now
 
     def _on_action(self, msg: Float32MultiArray | Float64MultiArray) -> None:
         if self._paused:
@@ -175,11 +183,12 @@ class GymEnvNode(Node):
         except MessageError as error:
             self._reject(error.reason)
             return
-        self._stop_republishing()
         result = self._sim.step(actions)
         self._reward_pub.publish(to_float32_msg(result.reward, ('env',)))
         self._done_pub.publish(to_uint8_msg(result.done, ('env',)))
-        self._observation_pub.publish(to_float32_msg(result.observation, ('env', 'obs')))
+        self._latest_observation = to_float32_msg(result.observation, ('env', 'obs'))
+        self._observation_pub.publish(self._latest_observation)
+        self._quiet_since = time.monotonic()
 
     def _reject(self, reason: str) -> None:
         self._rejected_actions += 1
@@ -193,13 +202,9 @@ class GymEnvNode(Node):
 
     def _srv_resume(self, _request: Empty.Request, response: Empty.Response) -> Empty.Response:
         self._paused = False
+        # The trainer acts right after resuming: give it a period before re-publishing.
+        self._quiet_since = time.monotonic()
         return response
-
-    def _stop_republishing(self) -> None:
-        self._first_observation = None
-        if self._republish_timer is not None:
-            self.destroy_timer(self._republish_timer)
-            self._republish_timer = None
 
     def _report(self) -> None:
         counters = self.counters
