@@ -1,7 +1,9 @@
 """A trainer stopped by SIGTERM or SIGINT mid-training saves what it learned and exits 0."""
 
+import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -80,3 +82,69 @@ def test_sigterm_without_training_exits_0_and_writes_nothing(tmp_path, ros_domai
         stop(trainer)
     assert trainer.returncode == 0
     assert not list(output.glob("*.safetensors"))
+
+
+@pytest.mark.parametrize("module", ["trainer_node", "policy_node", "gym_env_node"])
+@pytest.mark.parametrize("content", [None, "a: [b\n"], ids=["missing", "malformed"])
+def test_a_bad_params_file_exits_2_with_a_reason_not_a_traceback(
+    ros_domain_env, tmp_path, module, content
+):
+    params_file = tmp_path / "params.yaml"
+    if content is not None:
+        params_file.write_text(content)
+    result = subprocess.run(
+        [sys.executable, "-m", f"unilab_ros.{module}", "--ros-args", "--params-file",
+         str(params_file)],
+        capture_output=True, text=True, timeout=60, env=ros_domain_env, cwd=tmp_path,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    fatal = [line for line in result.stderr.splitlines() if "[FATAL]" in line]
+    assert len(fatal) == 1 and "params file" in fatal[0] and str(params_file) in fatal[0]
+
+
+def test_sigterm_stops_sim_train_and_both_nodes_and_keeps_the_training(
+    ros_domain_env, tmp_path
+):
+    output = tmp_path / "run"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "unilab_ros.sim_train", "--iterations", "1000", "--output",
+         str(output), "--domain-id", ros_domain_env["ROS_DOMAIN_ID"]],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ros_domain_env, cwd=tmp_path,
+    )
+    children: list[int] = []
+    try:
+        deadline = time.monotonic() + 120.0
+        while time.monotonic() < deadline and not _rows(output / "metrics.csv") >= 2:
+            time.sleep(0.2)
+        assert _rows(output / "metrics.csv") >= 2, "training did not start"
+        children += _children(process.pid)
+        assert len(children) == 2
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=90.0) == 0
+        assert not [pid for pid in children if Path(f"/proc/{pid}").exists()], "orphans"
+        assert Checkpoint(output / "latest.safetensors").iteration >= 2
+    finally:
+        for pid in [process.pid, *children]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        process.wait()
+
+
+def _rows(csv_path: Path) -> int:
+    return len(read_metrics(csv_path)["iteration"]) if csv_path.is_file() else 0
+
+
+def _children(pid: int) -> list[int]:
+    """Pids of the processes whose parent is ``pid`` (Linux /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found

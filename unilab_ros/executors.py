@@ -56,7 +56,14 @@ def run_node(
     with a ``finished`` attribute ends the spin when it turns true. On the way out
     (signal, shutdown or finish) ``destroy_node`` runs, where nodes save their work.
     """
-    rclpy.init(args=args)
+    try:
+        rclpy.init(args=args)
+    except RCLError as error:
+        # A missing or malformed --params-file (or other bad --ros-args) fails here, with
+        # a message that ends in the C source locations of the parser.
+        reason = str(error).split(", at /")[0].strip()
+        print(f"[FATAL] [{name}]: cannot start: {reason}", file=sys.stderr, flush=True)
+        sys.exit(2)
     node: Node | None = None
     code = 0
     try:

@@ -91,6 +91,9 @@ def main(argv: list[str] | None = None) -> int:
         node_command("unilab_ros.trainer_node", params_file, trainer_overrides), env=env
     )
     start = time.monotonic()
+    # SIGTERM (systemd, docker stop, a launch system) stops the run as Ctrl-C does: the
+    # nodes are stopped and save, rather than left orphaned and training on.
+    previous_handler = signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         while trainer.poll() is None and bridge.poll() is None:
             if time.monotonic() - start > args.timeout:
@@ -102,10 +105,14 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         stop(trainer, timeout=60.0)
         stop(bridge)
+        signal.signal(signal.SIGTERM, previous_handler)
     elapsed = time.monotonic() - start
     if trainer.returncode != 0:
         print(f"sim_train: trainer exited with code {trainer.returncode}", flush=True)
         return trainer.returncode or 1
+    if not (output / "metrics.csv").is_file():
+        print(f"sim_train: stopped after {elapsed:.0f}s, before the first update", flush=True)
+        return 0
     metrics = read_metrics(output / "metrics.csv")
     best = best_policy(output / "best.safetensors")
     png = plot_learning_curve(
