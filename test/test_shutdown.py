@@ -56,7 +56,12 @@ def test_a_signal_saves_the_training_and_exits_0(tmp_path, ros_domain_env, sig):
     finally:
         stop(trainer)
         stop(bridge)
-    assert trainer.returncode == 0, output_text.decode(errors="replace")[-2000:]
+    text = output_text.decode(errors="replace")
+    assert trainer.returncode == 0, text[-2000:]
+    # Callbacks the executor still runs after the signal must not publish into the dead
+    # context (a FATAL and a traceback), nor log to /rosout.
+    for symptom in ("FATAL", "Traceback", "context is invalid"):
+        assert symptom not in text, text[-2000:]
     checkpoint = Checkpoint(output / "latest.safetensors")
     assert checkpoint.iteration >= 2
     assert checkpoint.extra["reason"] == "shutdown"

@@ -8,6 +8,7 @@ is most of an action's latency. Set UNILAB_EXECUTOR=single to use the classic on
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from collections.abc import Callable
 
@@ -15,6 +16,7 @@ import rclpy
 from rclpy.executors import Executor, ExternalShutdownException, SingleThreadedExecutor
 from rclpy.impl.implementation_singleton import rclpy_implementation
 from rclpy.node import Node
+from rclpy.signals import SignalHandlerOptions
 
 RCLError = rclpy_implementation.RCLError
 
@@ -57,7 +59,10 @@ def run_node(
     (signal, shutdown or finish) ``destroy_node`` runs, where nodes save their work.
     """
     try:
-        rclpy.init(args=args)
+        # rclpy's own handlers would raise KeyboardInterrupt inside whatever callback runs
+        # (the executor logs that as a FATAL) and invalidate the context under it; the
+        # handlers below stop the spin between callbacks instead.
+        rclpy.init(args=args, signal_handler_options=SignalHandlerOptions.NO)
     except RCLError as error:
         # A missing or malformed --params-file (or other bad --ros-args) fails here, with
         # a message that ends in the C source locations of the parser.
@@ -66,11 +71,22 @@ def run_node(
         sys.exit(2)
     node: Node | None = None
     code = 0
+    stop_requested = False
+
+    def request_stop(_signum: int, _frame: object) -> None:
+        nonlocal stop_requested
+        stop_requested = True
+
+    # While the node is built (a warm-up can take a minute) a signal interrupts at once.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.default_int_handler)
     try:
         executor, arrival_ordered = make_executor()
         node = build(arrival_ordered)
         executor.add_node(node)
-        spin(executor, lambda: bool(getattr(node, "finished", False)))
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, request_stop)
+        spin(executor, lambda: stop_requested or bool(getattr(node, "finished", False)))
     except config_errors as error:
         rclpy.logging.get_logger(name).fatal(f"cannot start: {error}")
         code = 2

@@ -8,9 +8,12 @@ work runs on the executor's one thread.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
+import sys
 import time
+from collections.abc import Callable
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -66,6 +69,18 @@ LIVE_PARAMETERS = frozenset({"training", "deterministic", "ppo.learning_rate"})
 """Parameters that take effect while running; every other one is read-only after start."""
 _WARN_PERIOD = 5.0
 """Seconds between repeats of one kind of warning."""
+
+
+def _while_ros_runs(method: Callable[..., None]) -> Callable[..., None]:
+    """Skip a callback once ROS is shut down (a signal): the executor may still run
+    queued ones, and their publishing would fail with an invalid context."""
+
+    @functools.wraps(method)
+    def guarded(self: Node, *args: Any) -> None:
+        if self.context.ok():
+            method(self, *args)
+
+    return guarded
 
 
 class State(str, Enum):
@@ -218,6 +233,7 @@ class TrainerNode(Node):
                 )
             return None
 
+    @_while_ros_runs
     def _on_observation(self, msg: Float32MultiArray, stamp: int) -> None:
         obs = self._read(
             "observation", read_matrix, msg, self.num_envs, self.obs_dim,
@@ -237,6 +253,7 @@ class TrainerNode(Node):
             else:
                 self._handle(result)
 
+    @_while_ros_runs
     def _on_reward(self, msg: Float32MultiArray, stamp: int) -> None:
         reward = self._read(
             "reward", read_vector, msg, self.num_envs, limit=self.cfg.reward_limit
@@ -244,6 +261,7 @@ class TrainerNode(Node):
         if reward is not None and self.state in (State.COLLECTING, State.EPISODE_END):
             self._handle(self.sync.on_reward(reward, stamp))
 
+    @_while_ros_runs
     def _on_done(self, msg: UInt8MultiArray, stamp: int) -> None:
         done = self._read("done", read_done_codes, msg, self.num_envs)
         if done is not None and self.state in (State.COLLECTING, State.EPISODE_END):
@@ -323,6 +341,7 @@ class TrainerNode(Node):
         self.agent.cut()
         self.stats.cut()
 
+    @_while_ros_runs
     def _check_step_deadline(self) -> None:
         if self.sync.expired(self._now()):
             self._cut_segment()
@@ -338,6 +357,7 @@ class TrainerNode(Node):
             if self._latest_obs is not None and self._latest_obs[1] > self._acted_stamp:
                 self._act_on(*self._latest_obs)
 
+    @_while_ros_runs
     def _watchdog(self) -> None:
         if self.state not in (State.COLLECTING, State.EPISODE_END) or self._last_obs_time is None:
             return
@@ -378,6 +398,10 @@ class TrainerNode(Node):
                 "cached on disk afterwards)"
             )
         metrics = self.agent.update(self._bootstrap_obs)
+        if not self.context.ok():
+            # A signal arrived during the update and shut ROS down: publishing or logging
+            # to /rosout would fail now. close() saves the updated agent on the way out.
+            return
         self._keep_good_parameters()
         self._updates_run += 1
         self._report_iteration(metrics)
@@ -489,6 +513,7 @@ class TrainerNode(Node):
             **self.counters,
         }
 
+    @_while_ros_runs
     def _publish_status(self) -> None:
         self._status_pub.publish(String(data=json.dumps(self.status())))
 
@@ -502,7 +527,7 @@ class TrainerNode(Node):
         if not self._write_checkpoint(path, extra, f"checkpoint ({reason})"):
             return None
         self._write_checkpoint(self._checkpoint_dir / "latest.safetensors", extra, "latest")
-        self.get_logger().info(f"checkpoint saved ({reason}): {path}")
+        self._log_line("info", f"checkpoint saved ({reason}): {path}")
         return path
 
     def _write_checkpoint(self, path: Path, extra: dict[str, Any], what: str) -> bool:
@@ -515,12 +540,24 @@ class TrainerNode(Node):
             kind = (type(error).__name__, getattr(error, "errno", None))
             if kind not in self._save_errors_logged:
                 self._save_errors_logged.add(kind)
-                self.get_logger().error(
+                self._log_line(
+                    "error",
                     f"could not save the {self.last_save_error}; training goes on (this kind "
                     "of error is logged once; see save_failures in ~/status)"
                 )
             return False
         return True
+
+    def _log_line(self, level: str, text: str) -> None:
+        """Log, also while shutting down: the ROS logger would then fail to publish the
+        line to /rosout (the context is gone), so it goes to stderr in the same format."""
+        # One call per level: rclpy ties a call site to one severity.
+        if self.context.ok() and level == "error":
+            self.get_logger().error(text)
+        elif self.context.ok():
+            self.get_logger().info(text)
+        else:
+            print(f"[{level.upper()}] [{self.get_name()}]: {text}", file=sys.stderr, flush=True)
 
     def _save_best(self, agent: PPOAgent) -> None:
         """Keep the new best policy as ``best.safetensors`` (a training checkpoint)."""
