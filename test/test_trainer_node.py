@@ -816,3 +816,26 @@ def test_the_status_is_strict_json_before_any_episode(make_env):
     env = make_env()
     status = json.dumps(env.trainer.status(), allow_nan=False)
     assert json.loads(status)["mean_return"] is None
+
+
+def test_control_services_off_offers_no_control(make_env):
+    env = make_env(control_services=False)
+    spin_until(env.executor, lambda: False, 0.3)
+    names = {name for name, _ in env.node.get_service_names_and_types()}
+    assert "/unilab_trainer/set_training" not in names
+    assert "/unilab_trainer/save_checkpoint" not in names
+    assert "/unilab_trainer/set_parameters" in names, "parameters are still listed"
+    (result,) = set_remote(env, training=False)
+    assert not result.successful and "control_services" in result.reason
+    assert env.trainer.cfg.training
+
+
+def test_temporary_files_of_unfinished_saves_are_removed_at_start(make_env, tmp_path):
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    stale = folder / ".latest.safetensors.x1y2z3.safetensors"
+    stale.write_bytes(b"partial")
+    kept = folder / "latest.safetensors"
+    kept.write_bytes(b"not ours to judge")
+    make_env(checkpoint_dir=str(folder))
+    assert not stale.exists() and kept.exists()

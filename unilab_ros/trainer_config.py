@@ -61,6 +61,9 @@ class TrainerNodeConfig:
     ros2_control's forward_command_controller takes)."""
     tensorboard: bool = True
     """Also write TensorBoard scalars (needs tensorboardX)."""
+    control_services: bool = True
+    """Offer ~/save_checkpoint, ~/set_training and ~/set_deterministic and accept live
+    parameter changes; false on a robot where nobody on the DDS domain may steer it."""
     training: bool = True
     """Learn from the steps (else only act); see the ~/set_training service."""
     deterministic: bool = False

@@ -54,6 +54,7 @@ from unilab_ros.rl.checkpoint import (
     Checkpoint,
     CheckpointError,
     all_finite,
+    remove_stale_temporaries,
     restore_agent,
     save_checkpoint,
 )
@@ -169,6 +170,14 @@ class TrainerNode(Node):
         self._watchdog_tripped = False
         self._iteration_start = (time.perf_counter(), self.agent.env_steps)
         self._checkpoint_dir = Path(self.cfg.checkpoint_dir)
+        try:
+            stale = remove_stale_temporaries(self._checkpoint_dir)
+        except OSError:
+            stale = []
+        if stale:
+            self.get_logger().info(
+                f"removed {len(stale)} temporary file(s) of saves that never finished"
+            )
         self._log = MetricsLog(self._checkpoint_dir, self.cfg.tensorboard)
 
         qos = QoSProfile(depth=self.cfg.qos_depth)
@@ -185,9 +194,10 @@ class TrainerNode(Node):
         )
         self._reward_sub = subscribe(self, Float32MultiArray, "reward", self._on_reward, qos)
         self._done_sub = subscribe(self, UInt8MultiArray, "done", self._on_done, qos)
-        self.create_service(Trigger, "~/save_checkpoint", self._srv_save)
-        self.create_service(SetBool, "~/set_training", self._srv_set_training)
-        self.create_service(SetBool, "~/set_deterministic", self._srv_set_deterministic)
+        if self.cfg.control_services:
+            self.create_service(Trigger, "~/save_checkpoint", self._srv_save)
+            self.create_service(SetBool, "~/set_training", self._srv_set_training)
+            self.create_service(SetBool, "~/set_deterministic", self._srv_set_deterministic)
         self.add_on_set_parameters_callback(self._on_set_parameters)
         self._sim = SimPause(
             self,
@@ -596,6 +606,12 @@ class TrainerNode(Node):
 
     def _on_set_parameters(self, params: list[Parameter]) -> SetParametersResult:
         """Validate every live change first, then apply them all (or none)."""
+        live = [param.name for param in params if param.name in LIVE_PARAMETERS]
+        if live and not self.cfg.control_services:
+            return SetParametersResult(
+                successful=False,
+                reason=f"{', '.join(live)}: run-time control is off (control_services: false)",
+            )
         for param in params:
             if param.name == "ppo.learning_rate":
                 rate = float(param.value)

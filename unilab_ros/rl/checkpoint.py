@@ -63,6 +63,18 @@ def _write_atomically(path: Path, arrays: dict[str, mx.array], meta: dict[str, s
     return path
 
 
+def remove_stale_temporaries(folder: str | os.PathLike[str]) -> list[Path]:
+    """Delete the temporary files of writes that never finished (a process killed while
+    saving); returns them. Only names ``_write_atomically`` makes are touched."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    stale = [path for path in folder.glob(f".*{SUFFIX}.*{SUFFIX}") if path.is_file()]
+    for path in stale:
+        path.unlink(missing_ok=True)
+    return stale
+
+
 def _metadata(agent: PPOAgent, kind: str, extra: dict[str, Any] | None) -> dict[str, str]:
     return {
         "format": FORMAT,
