@@ -61,8 +61,19 @@ openblas:
 native:
 	-$(PY) -m unilab_ros.rl.native
 
-test: setup
+# ROS 2's launch, launch_ros, launch_testing and the ros2 CLI are not on PyPI. Given a
+# wheelhouse of them (e.g. ROS2_WHEELHOUSE=../shared/wheels/ros2-launch, whose README says
+# how they were built), the tests install it and run the launch tests for real; without
+# one those tests skip and say so. Never `pip install launch`: an unrelated project.
+ROS2_WHEELHOUSE ?=
+LAUNCH_STAMP := $(VENV)/.unilab-launch-stamp
+
+test: setup $(if $(ROS2_WHEELHOUSE),$(LAUNCH_STAMP))
 	$(if $(UNILAB_CI),UNILAB_CI=$(UNILAB_CI)) $(PY) -m pytest -q $(PYTEST_ARGS)
+
+$(LAUNCH_STAMP): $(SETUP_STAMP)
+	$(PIP) install --no-deps $(abspath $(ROS2_WHEELHOUSE))/*.whl
+	touch $@
 
 demo: setup
 	$(VENV)/bin/sim_train $(DEMO_ARGS)

@@ -115,8 +115,10 @@ def test_default_params_files_exist_in_the_package(name):
 @pytest.mark.parametrize('name', LAUNCH_FILES)
 def test_launch_description_loads_with_ros2_launch(name):
     # `launch.actions`, not `launch`: this package's launch/ folder imports as a namespace.
-    pytest.importorskip('launch.actions', reason='ROS 2 launch is not installed (not on PyPI)')
-    pytest.importorskip('launch_ros', reason='ROS 2 launch_ros is not installed (not on PyPI)')
+    reason = ('ROS 2 launch / launch_ros are not installed (not on PyPI): run '
+              '`make test ROS2_WHEELHOUSE=../shared/wheels/ros2-launch` or source a ROS 2 distro')
+    pytest.importorskip('launch.actions', reason=reason)
+    pytest.importorskip('launch_ros', reason=reason)
     spec = importlib.util.spec_from_file_location(name.replace('.', '_'), LAUNCH_DIR / name)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
