@@ -88,6 +88,7 @@ demo: setup
 bench: setup $(BENCH_STAMP)
 	$(PY) bench/ppo_update.py
 	$(PY) bench/act_latency.py
+	$(PY) bench/soak.py
 	$(PY) bench/learning.py
 
 # torch 2.13 needs setuptools>=77.0.3 and colcon-core 0.21 needs <80: pin one that fits
