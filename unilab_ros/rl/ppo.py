@@ -372,32 +372,38 @@ class PPOTrainer:
         cfg = self.cfg
         check_interval = self._check_interval(iteration)
         skipped = {1: 0, 2: 0, 3: 0}
-        rolled_back = early_stopped = unchecked = 0
+        rolled_back = early_stopped = 0
         width = len(METRIC_KEYS)
         metric_sum, applied = mx.zeros((width,)), 0
         metric_max, metric_min = mx.full((width,), -np.inf), mx.full((width,), np.inf)
-        pending = (mx.zeros_like(metric_sum), metric_max, metric_min, mx.array(0), mx.array(0))
+        # Per-step outputs since the last check, reduced once there: at small sizes a
+        # step is overhead-bound, and a handful of extra ops per step showed in the bench.
+        pending_metrics: list[mx.array] = []
+        pending_status: list[mx.array] = []
         self.schedule_state["stopped"] = mx.array(False)
         snapshot = self._snapshot()
 
         def check() -> None:
             """Keep the steps since the last check, or roll them all back."""
-            nonlocal snapshot, rolled_back, unchecked, metric_sum, applied, pending
-            nonlocal metric_max, metric_min
-            sums, maxima, minima, worst, count = pending
-            code = int(worst.item())
+            nonlocal snapshot, rolled_back, metric_sum, applied, metric_max, metric_min
+            metrics, status = mx.stack(pending_metrics), mx.stack(pending_status)
+            # A stopped step is not applied: its metrics do not count.
+            kept = (status != 4)[:, None]
+            # A bad step poisons every later one, so the worst status since the last
+            # check decides whether those steps are kept.
+            code = int(mx.max(mx.where(status != 4, status, 0)).item())
             if code == 0:
-                metric_sum, applied = metric_sum + sums, applied + int(count.item())
-                metric_max = mx.maximum(metric_max, maxima)
-                metric_min = mx.minimum(metric_min, minima)
+                metric_sum = metric_sum + mx.sum(mx.where(kept, metrics, 0.0), axis=0)
+                metric_max = mx.maximum(metric_max, mx.max(mx.where(kept, metrics, -np.inf), 0))
+                metric_min = mx.minimum(metric_min, mx.min(mx.where(kept, metrics, np.inf), 0))
+                applied += int(mx.sum(kept).item())
                 snapshot = self._snapshot()
             else:
                 self._restore(snapshot)
                 rolled_back += 1
-                skipped[code] += unchecked
-            pending = (mx.zeros_like(metric_sum), mx.full((width,), -np.inf),
-                       mx.full((width,), np.inf), mx.array(0), mx.array(0))
-            unchecked = 0
+                skipped[code] += len(pending_status)
+            pending_metrics.clear()
+            pending_status.clear()
 
         floor = self._advantage_std_floor(buffer.advantages)
         if not cfg.normalize_advantage_per_mini_batch:
@@ -412,28 +418,16 @@ class PPOTrainer:
         for index, batch in enumerate(batches):
             batch["adv_std_floor"] = floor_array
             _, metrics, status = self._run_step(batch)
-            sums, maxima, minima, worst, count = pending
-            # A stopped step is not applied: its metrics do not count.
-            applied_step = status != 4
-            masked = mx.where(applied_step, metrics, 0.0)
-            pending = (
-                sums + masked,
-                mx.where(applied_step, mx.maximum(maxima, metrics), maxima),
-                mx.where(applied_step, mx.minimum(minima, metrics), minima),
-                # A bad step poisons every later one, so the worst status since the last
-                # check decides whether those steps are kept.
-                mx.maximum(worst, mx.where(applied_step, status, 0)),
-                count + applied_step.astype(mx.int32),
-            )
-            unchecked += 1
-            mx.eval(self._state(), pending)
+            pending_metrics.append(metrics)
+            pending_status.append(status)
+            mx.eval(self._state(), metrics, status)
             if not cfg.disable_finite_checks and (index + 1) % check_interval == 0:
                 check()
             # Every step is evaluated already, so reading the flag costs no extra sync.
             if cfg.target_kl_stop > 0.0 and bool(self.schedule_state["stopped"].item()):
                 early_stopped = 1
                 break
-        if unchecked:
+        if pending_status:
             check()
         means = (metric_sum / max(applied, 1)).tolist()
         out = {key: float(v) for key, v in zip(METRIC_KEYS, means, strict=True)}
