@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import unilab_ros.rl  # noqa: F401 - loads the optimized BLAS before mlx
+from unilab_ros.rl.actions import ActionConfig
 from unilab_ros.rl.agent import AgentConfig, PPOAgent
 from unilab_ros.rl.checkpoint import (
     Checkpoint,
@@ -151,3 +152,13 @@ def test_a_checkpoint_with_non_finite_weights_is_refused(tmp_path):
         restore_agent(make_agent(), Checkpoint(path))
     with pytest.raises(CheckpointError, match="non-finite"):
         load_policy(path)
+
+
+def test_the_action_mapping_travels_with_the_checkpoint(tmp_path):
+    agent = make_agent()
+    actions = ActionConfig(action_scale=[2.0], action_low=[-2.0, -1.0], action_high=[2.0, 1.0],
+                           safe_action=[0.0])
+    for path in (save_checkpoint(tmp_path / "train", agent, actions=actions),
+                 export_policy(tmp_path / "policy", agent, actions=actions)):
+        assert Checkpoint(path).action_cfg == actions
+    assert Checkpoint(save_checkpoint(tmp_path / "none", agent)).action_cfg is None

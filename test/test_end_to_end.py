@@ -73,4 +73,6 @@ def test_pendulum_learns_through_ros_topics(tmp_path):
     checkpoint = Checkpoint(output / "latest.safetensors")
     assert checkpoint.kind == "training" and checkpoint.iteration == ITERATIONS
     assert checkpoint.agent_cfg.num_envs == 16
+    # A deployment maps the policy's outputs as the training did.
+    assert checkpoint.action_cfg is not None and checkpoint.action_cfg.action_scale == [2.0]
     assert (output / "learning_curve.png").stat().st_size > 0

@@ -19,8 +19,9 @@ from unilab_ros.messages import read_matrix, to_float32_msg
 from unilab_ros.params import ConfigError
 from unilab_ros.policy_node import PolicyNode
 from unilab_ros.rl import PPOAgent
+from unilab_ros.rl.actions import ActionConfig
 from unilab_ros.rl.agent import AgentConfig
-from unilab_ros.rl.checkpoint import export_policy
+from unilab_ros.rl.checkpoint import export_policy, save_checkpoint
 from unilab_ros.rl.model import ModelConfig
 
 pytestmark = pytest.mark.ros
@@ -229,3 +230,28 @@ def test_a_non_finite_action_becomes_the_safe_action(make_harness, exported):
     obs = np.zeros((NUM_ENVS, OBS_DIM), np.float32)
     np.testing.assert_allclose(harness.act(obs), np.broadcast_to(SAFE, (NUM_ENVS, ACTION_DIM)))
     assert harness.node.counters["nonfinite_actions"] == 1
+
+
+def test_the_training_action_mapping_comes_from_the_checkpoint(context, tmp_path):
+    agent = PPOAgent(AgentConfig(num_envs=NUM_ENVS, obs_dim=OBS_DIM, action_dim=ACTION_DIM),
+                     ModelConfig(actor_hidden_dims=[8], critic_hidden_dims=[8]))
+    trained = ActionConfig(action_scale=[2.0], action_low=[-2.0], action_high=[2.0],
+                           safe_action=[0.5])
+    path = save_checkpoint(tmp_path / "trained", agent, actions=trained)
+    node = PolicyNode(context=context, parameter_overrides=[
+        Parameter("checkpoint", value=str(path)), Parameter("num_envs", value=NUM_ENVS)])
+    try:
+        np.testing.assert_array_equal(node.actions.scale, [2.0, 2.0])
+        np.testing.assert_array_equal(node.actions.high, [2.0, 2.0])
+        np.testing.assert_array_equal(node.actions.safe, np.full((NUM_ENVS, ACTION_DIM), 0.5))
+    finally:
+        node.destroy_node()
+    # A parameter given to the node overrides that one field (and is logged with both).
+    node = PolicyNode(context=context, parameter_overrides=[
+        Parameter("checkpoint", value=str(path)), Parameter("num_envs", value=NUM_ENVS),
+        Parameter("action_scale", value=[0.5])])
+    try:
+        np.testing.assert_array_equal(node.actions.scale, [0.5, 0.5])
+        np.testing.assert_array_equal(node.actions.high, [2.0, 2.0])
+    finally:
+        node.destroy_node()

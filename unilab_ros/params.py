@@ -89,9 +89,13 @@ def unknown_parameters(node: Node) -> list[str]:
     rclpy keeps such overrides aside without a word, so a misspelled name would
     silently leave its default in place; the nodes warn with this list.
     """
+    return sorted(name for name in given_parameters(node) if not node.has_parameter(name))
+
+
+def given_parameters(node: Node) -> set[str]:
+    """Names the node was given a value for (params file, ``-p``), declared or not."""
     # rclpy's own bookkeeping: there is no public accessor for the overrides.
-    overrides = getattr(node, "_parameter_overrides", {})
-    return sorted(name for name in overrides if not node.has_parameter(name))
+    return set(getattr(node, "_parameter_overrides", {}))
 
 
 def warn_unknown_parameters(node: Node) -> None:

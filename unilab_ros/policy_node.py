@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -26,11 +26,12 @@ from unilab_ros.messages import MessageError, read_matrix, to_float32_msg, to_fl
 from unilab_ros.params import (
     ConfigError,
     declare_config,
+    given_parameters,
     read_config,
     warn_unknown_parameters,
 )
 from unilab_ros.rl.actions import ActionConfig, ActionMapper
-from unilab_ros.rl.checkpoint import CheckpointError, load_policy
+from unilab_ros.rl.checkpoint import Checkpoint, CheckpointError, load_policy
 from unilab_ros.rl.policy import PolicySampler
 from unilab_ros.trainer_config import ACTION_MSG_TYPES
 
@@ -79,7 +80,7 @@ class PolicyNode(Node):
         try:
             self.model, checkpoint = load_policy(self.cfg.checkpoint)
             self.actions = ActionMapper(
-                read_config(self, ActionConfig), self.cfg.num_envs, self.model.action_dim
+                self._action_settings(checkpoint), self.cfg.num_envs, self.model.action_dim
             )
         except (ValueError, CheckpointError) as error:
             raise ConfigError(str(error)) from None
@@ -106,6 +107,32 @@ class PolicyNode(Node):
             f"deploying {self.cfg.checkpoint} (iteration {checkpoint.iteration}): "
             f"obs {self.model.obs_dim} -> action {self.model.action_dim}"
         )
+
+    def _action_settings(self, checkpoint: Checkpoint) -> ActionConfig:
+        """The training's action mapping from the checkpoint; a parameter given to this
+        node overrides its field, and the log shows both values (a scale or limit that
+        differs from training changes what the policy does)."""
+        given = read_config(self, ActionConfig)
+        trained = checkpoint.action_cfg
+        if trained is None:
+            self.get_logger().warning(
+                "the checkpoint does not say how the training mapped actions (written by an "
+                "older version): using this node's action_* and safe_action parameters"
+            )
+            return given
+        overridden = given_parameters(self)
+        values = {}
+        for field in fields(ActionConfig):
+            ours, theirs = getattr(given, field.name), getattr(trained, field.name)
+            if field.name in overridden and list(ours) != list(theirs):
+                self.get_logger().warning(
+                    f"{field.name} = {list(ours)} (parameter) overrides {list(theirs)} (the "
+                    "training's, from the checkpoint)"
+                )
+                values[field.name] = ours
+            else:
+                values[field.name] = theirs
+        return ActionConfig(**values)
 
     def _on_observation(self, msg: Float32MultiArray) -> None:
         try:

@@ -117,8 +117,9 @@ class TrainerNode(Node):
         try:
             model_cfg = read_config(self, ModelConfig, "model")
             ppo_cfg = read_config(self, PPOConfig, "ppo")
+            self._action_cfg = read_config(self, ActionConfig)
             self.actions = ActionMapper(
-                read_config(self, ActionConfig), agent_cfg.num_envs, agent_cfg.action_dim
+                self._action_cfg, agent_cfg.num_envs, agent_cfg.action_dim
             )
             # Opened first: a bad path is reported alone, before any warm-up.
             checkpoint = Checkpoint(self.cfg.resume_from) if self.cfg.resume_from else None
@@ -542,7 +543,7 @@ class TrainerNode(Node):
 
     def _write_checkpoint(self, path: Path, extra: dict[str, Any], what: str) -> bool:
         try:
-            save_checkpoint(path, self.agent, extra)
+            save_checkpoint(path, self.agent, extra, self._action_cfg)
         # MLX reports a full disk as RuntimeError, the filesystem the rest as OSError.
         except (OSError, RuntimeError) as error:
             self.counters["save_failures"] += 1

@@ -20,6 +20,7 @@ import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
+from unilab_ros.rl.actions import ActionConfig
 from unilab_ros.rl.agent import AgentConfig, PPOAgent
 from unilab_ros.rl.model import MLPActorCritic, ModelConfig
 from unilab_ros.rl.ppo import PPOConfig
@@ -75,8 +76,15 @@ def remove_stale_temporaries(folder: str | os.PathLike[str]) -> list[Path]:
     return stale
 
 
-def _metadata(agent: PPOAgent, kind: str, extra: dict[str, Any] | None) -> dict[str, str]:
+def _metadata(
+    agent: PPOAgent,
+    kind: str,
+    extra: dict[str, Any] | None,
+    actions: ActionConfig | None = None,
+) -> dict[str, str]:
+    action_meta = {"actions": json.dumps(asdict(actions))} if actions is not None else {}
     return {
+        **action_meta,
         "format": FORMAT,
         "kind": kind,
         "agent": json.dumps(asdict(agent.cfg)),
@@ -99,9 +107,13 @@ def _with_suffix(path: str | os.PathLike[str]) -> Path:
 
 
 def save_checkpoint(
-    path: str | os.PathLike[str], agent: PPOAgent, extra: dict[str, Any] | None = None
+    path: str | os.PathLike[str],
+    agent: PPOAgent,
+    extra: dict[str, Any] | None = None,
+    actions: ActionConfig | None = None,
 ) -> Path:
-    """Save everything needed to resume training; returns the file written."""
+    """Save everything needed to resume training; returns the file written. ``actions``
+    (how the policy's outputs became commands) lets a deployment act the same way."""
     trainer = agent.trainer
     arrays = {
         **_prefixed("model", agent.model.parameters()),
@@ -110,13 +122,16 @@ def save_checkpoint(
         "rng/noise_key": agent.sampler.key,
         "rng/shuffle_key": trainer.shuffle_key,
     }
-    return _write_atomically(_with_suffix(path), arrays, _metadata(agent, "training", extra))
+    meta = _metadata(agent, "training", extra, actions)
+    return _write_atomically(_with_suffix(path), arrays, meta)
 
 
-def export_policy(path: str | os.PathLike[str], agent: PPOAgent) -> Path:
-    """Save the model and configs only, for inference."""
+def export_policy(
+    path: str | os.PathLike[str], agent: PPOAgent, actions: ActionConfig | None = None
+) -> Path:
+    """Save the model and configs only (and the action mapping), for inference."""
     arrays = _prefixed("model", agent.model.parameters())
-    return _write_atomically(_with_suffix(path), arrays, _metadata(agent, "policy", None))
+    return _write_atomically(_with_suffix(path), arrays, _metadata(agent, "policy", None, actions))
 
 
 class Checkpoint:
@@ -140,6 +155,10 @@ class Checkpoint:
             self.agent_cfg = self._config(AgentConfig, "agent", meta)
             self.model_cfg = self._config(ModelConfig, "model", meta)
             self.ppo_cfg = self._config(PPOConfig, "ppo", meta)
+            self.action_cfg: ActionConfig | None = (
+                self._config(ActionConfig, "actions", meta) if "actions" in meta else None
+            )
+            """The action mapping the policy was trained with (None in older files)."""
             self.iteration = int(meta["iteration"])
             self.env_steps = int(meta["env_steps"])
             self.versions: dict[str, str] = json.loads(meta.get("versions", "{}"))
