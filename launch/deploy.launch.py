@@ -12,6 +12,8 @@ from launch_ros.actions import Node
 from launch_ros.parameter_descriptions import ParameterValue
 from launch_ros.substitutions import FindPackageShare
 
+from unilab_ros.launch_support import ends_the_launch, require_params_file
+
 
 def generate_launch_description() -> LaunchDescription:
     checkpoint = LaunchConfiguration('checkpoint')
@@ -36,4 +38,5 @@ def generate_launch_description() -> LaunchDescription:
         namespace=namespace, output='screen',
         parameters=[params_file,
                     {'checkpoint': ParameterValue(checkpoint, value_type=str)}])
-    return LaunchDescription([*arguments, policy])
+    return LaunchDescription([*arguments, require_params_file(), policy,
+                              ends_the_launch(policy, 'unilab_policy')])

@@ -13,6 +13,8 @@ from launch_ros.actions import Node
 from launch_ros.parameter_descriptions import ParameterValue
 from launch_ros.substitutions import FindPackageShare
 
+from unilab_ros.launch_support import ends_the_launch, require_params_file
+
 
 def generate_launch_description() -> LaunchDescription:
     env_id = LaunchConfiguration('env_id')
@@ -52,4 +54,7 @@ def generate_launch_description() -> LaunchDescription:
         package='unilab_ros', executable='trainer_node', name='unilab_trainer',
         namespace=namespace, output='screen',
         parameters=[params_file, common])
-    return LaunchDescription([*arguments, gym_env, trainer])
+    return LaunchDescription([
+        *arguments, require_params_file(), gym_env, trainer,
+        ends_the_launch(gym_env, 'gym_env'), ends_the_launch(trainer, 'unilab_trainer'),
+    ])

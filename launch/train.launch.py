@@ -13,6 +13,8 @@ from launch_ros.actions import Node
 from launch_ros.parameter_descriptions import ParameterValue
 from launch_ros.substitutions import FindPackageShare
 
+from unilab_ros.launch_support import ends_the_launch, require_params_file
+
 
 def generate_launch_description() -> LaunchDescription:
     namespace = LaunchConfiguration('namespace')
@@ -37,4 +39,5 @@ def generate_launch_description() -> LaunchDescription:
         namespace=namespace, output='screen',
         parameters=[params_file,
                     {'use_sim_time': ParameterValue(use_sim_time, value_type=bool)}])
-    return LaunchDescription([*arguments, trainer])
+    return LaunchDescription([*arguments, require_params_file(), trainer,
+                              ends_the_launch(trainer, 'unilab_trainer')])
