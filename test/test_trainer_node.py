@@ -809,6 +809,7 @@ def test_a_full_disk_during_a_save_is_reported_not_fatal(make_env, monkeypatch):
     assert not list(Path(env.trainer.cfg.checkpoint_dir).glob(".*safetensors")), "temp files"
     env.step()
     monkeypatch.undo()
+    env.spin_for(1.05)  # ~/save_checkpoint saves at most once a second
     assert env.call(Trigger, "save_checkpoint", Trigger.Request()).success
 
 
@@ -839,3 +840,41 @@ def test_temporary_files_of_unfinished_saves_are_removed_at_start(make_env, tmp_
     kept.write_bytes(b"not ours to judge")
     make_env(checkpoint_dir=str(folder))
     assert not stale.exists() and kept.exists()
+
+
+def test_a_flood_of_save_requests_is_refused_not_served(make_env):
+    env = make_env()
+    env.start()
+    answers = [env.call(Trigger, "save_checkpoint", Trigger.Request()) for _ in range(5)]
+    assert [answer.success for answer in answers] == [True, False, False, False, False]
+    assert "at most once every 1 s" in answers[1].message
+    assert env.trainer.counters["save_requests_refused"] == 4
+
+
+def test_episode_statistics_survive_a_resume(make_env, tmp_path):
+    env = make_env()
+    env.start()
+    for step in range(NUM_STEPS + 1):
+        done = np.ones(NUM_ENVS, np.uint8) if step == 1 else None
+        env.step(reward=np.full(NUM_ENVS, 2.0), done=done)
+    assert env.trainer.stats.episodes == NUM_ENVS
+    env.close()
+    resumed = make_env(resume_from=str(tmp_path / "checkpoints" / "latest.safetensors"))
+    assert resumed.trainer.stats.episodes == NUM_ENVS
+    assert resumed.trainer.stats.mean_return == pytest.approx(4.0)
+    assert resumed.trainer.status()["mean_return"] == pytest.approx(4.0)
+
+
+def test_bad_messages_that_arrive_during_an_update_are_counted_as_rejected(make_env):
+    env = make_env()
+    env.start()
+    # Queued, not yet delivered: what the update's drain finds when it ends.
+    env.reward_pub.publish(Float32MultiArray(data=[float("nan"), 0.0]))
+    env.obs_pub.publish(to_float32_msg(np.full((NUM_ENVS, OBS_DIM), 1e30, np.float32)))
+    env.done_pub.publish(UInt8MultiArray(data=[9, 0]))
+    time.sleep(0.3)
+    env.trainer._drain_queued()
+    counters = env.trainer.counters
+    assert counters["discarded_during_update"] == 3
+    assert (counters["rejected_rewards"], counters["rejected_observations"],
+            counters["rejected_dones"]) == (1, 1, 1)

@@ -70,6 +70,8 @@ LIVE_PARAMETERS = frozenset({"training", "deterministic", "ppo.learning_rate"})
 """Parameters that take effect while running; every other one is read-only after start."""
 _WARN_PERIOD = 5.0
 """Seconds between repeats of one kind of warning."""
+_SAVE_SERVICE_MIN_PERIOD = 1.0
+"""Seconds between two saves asked for through ~/save_checkpoint."""
 
 
 def _while_ros_runs(method: Callable[..., None]) -> Callable[..., None]:
@@ -144,6 +146,8 @@ class TrainerNode(Node):
 
         self.sync = StepSync(self.cfg.step_timeout)
         self.stats = EpisodeStats(self.num_envs)
+        if checkpoint is not None:
+            self.stats.load_state(checkpoint.extra.get("episodes", {}))
         self.counters = {
             "rejected_observations": 0,
             "rejected_rewards": 0,
@@ -153,7 +157,9 @@ class TrainerNode(Node):
             "safe_actions_published": 0,
             "nonfinite_actions": 0,
             "save_failures": 0,
+            "save_requests_refused": 0,
         }
+        self._last_service_save = -math.inf
         self.last_save_error = ""
         self._save_errors_logged: set[tuple[str, int | None]] = set()
         self.state = State.WAITING
@@ -257,7 +263,7 @@ class TrainerNode(Node):
         self._watchdog_tripped = False
         if self.state is State.WAITING:
             self.state = State.COLLECTING
-        if self.state in (State.COLLECTING, State.EPISODE_END):
+        if self._collecting():
             result = self.sync.on_observation(obs, stamp)
             if isinstance(result, np.ndarray):
                 self._act_on(result, stamp)
@@ -269,14 +275,21 @@ class TrainerNode(Node):
         reward = self._read(
             "reward", read_vector, msg, self.num_envs, limit=self.cfg.reward_limit
         )
-        if reward is not None and self.state in (State.COLLECTING, State.EPISODE_END):
+        if reward is not None and self._collecting():
             self._handle(self.sync.on_reward(reward, stamp))
 
     @_while_ros_runs
     def _on_done(self, msg: UInt8MultiArray, stamp: int) -> None:
         done = self._read("done", read_done_codes, msg, self.num_envs)
-        if done is not None and self.state in (State.COLLECTING, State.EPISODE_END):
+        if done is not None and self._collecting():
             self._handle(self.sync.on_done(done, stamp))
+
+    def _collecting(self) -> bool:
+        """True while steps are taken; a valid message that arrives during an update
+        (e.g. while the simulator's pause is awaited) is counted as discarded."""
+        if self.state is State.UPDATING:
+            self.counters["discarded_during_update"] += 1
+        return self.state in (State.COLLECTING, State.EPISODE_END)
 
     # Stepping.
 
@@ -446,19 +459,21 @@ class TrainerNode(Node):
         them out of the buffer.
         """
         newest: tuple[np.ndarray, int] | None = None
-        subscriptions: list[Subscription[Any]] = [self._obs_sub, self._reward_sub, self._done_sub]
-        for sub in subscriptions:
+        readers = (
+            (self._obs_sub, "observation", read_matrix, (self.num_envs, self.obs_dim),
+             {"limit": self.cfg.observation_limit}),
+            (self._reward_sub, "reward", read_vector, (self.num_envs,),
+             {"limit": self.cfg.reward_limit}),
+            (self._done_sub, "done", read_done_codes, (self.num_envs,), {}),
+        )
+        for sub, kind, reader, shape, limit in readers:
             while (taken := _take(sub)) is not None:
                 msg, info = taken
                 self.counters["discarded_during_update"] += 1
-                if sub is self._obs_sub:
-                    try:
-                        obs = read_matrix(
-                            msg, self.num_envs, self.obs_dim, limit=self.cfg.observation_limit
-                        )
-                    except MessageError:
-                        continue
-                    newest = (obs, info["received_timestamp"])
+                # Bad input is bad input whenever it comes: counted (and logged) as such.
+                value = self._read(kind, reader, msg, *shape, **limit)
+                if value is not None and sub is self._obs_sub:
+                    newest = (value, info["received_timestamp"])
         if newest is not None:
             self._latest_obs = newest
         return newest
@@ -533,7 +548,7 @@ class TrainerNode(Node):
     def save(self, reason: str) -> Path | None:
         """Write the training checkpoint (and ``latest``); returns the iteration's file,
         or None when the disk refused (logged once per kind, counted, training goes on)."""
-        extra = {"reason": reason, "node": self.status()}
+        extra = {"reason": reason, "node": self.status(), "episodes": self.stats.state()}
         path = self._checkpoint_dir / f"checkpoint_{self.agent.iteration:06d}.safetensors"
         if not self._write_checkpoint(path, extra, f"checkpoint ({reason})"):
             return None
@@ -583,6 +598,17 @@ class TrainerNode(Node):
             )
 
     def _srv_save(self, _request: Trigger.Request, response: Trigger.Response) -> Any:
+        # Each save stalls acting for tens of ms: a flood of calls must not stall the robot.
+        since = time.monotonic() - self._last_service_save
+        if since < _SAVE_SERVICE_MIN_PERIOD:
+            self.counters["save_requests_refused"] += 1
+            response.success = False
+            response.message = (
+                f"saved {since:.2f} s ago; saving at most once every "
+                f"{_SAVE_SERVICE_MIN_PERIOD:g} s"
+            )
+            return response
+        self._last_service_save = time.monotonic()
         path = self.save("service call")
         response.success = path is not None
         response.message = (

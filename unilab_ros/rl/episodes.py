@@ -32,6 +32,22 @@ class EpisodeStats:
         self._returns[:] = 0.0
         self._lengths[:] = 0
 
+    def state(self) -> dict[str, list[float] | int]:
+        """The finished-episode windows and count, for a checkpoint (JSON-friendly)."""
+        return {
+            "returns": [float(r) for r in self.finished_returns],
+            "lengths": [int(n) for n in self.finished_lengths],
+            "episodes": int(self.episodes),
+        }
+
+    def load_state(self, state: dict) -> None:
+        """Continue from ``state()``: a resumed run reports the same mean return."""
+        self.finished_returns.clear()
+        self.finished_returns.extend(float(r) for r in state.get("returns", []))
+        self.finished_lengths.clear()
+        self.finished_lengths.extend(int(n) for n in state.get("lengths", []))
+        self.episodes = int(state.get("episodes", len(self.finished_returns)))
+
     @property
     def mean_return(self) -> float:
         return float(np.mean(self.finished_returns)) if self.finished_returns else float("nan")
