@@ -103,13 +103,17 @@ def test_episode_returns_and_lengths_for_both_done_codes():
     assert stats.mean_length == pytest.approx(7.0 / 3.0)
 
 
-def test_cut_forgets_episodes_in_progress():
+def test_an_episode_cut_by_lost_steps_is_not_logged_as_a_whole_one():
     stats = EpisodeStats(num_envs=2)
-    stats.add(np.array([5.0, 5.0]), np.array([0, 0]))
+    stats.add(np.array([-5.0, -5.0]), np.array([0, 0]))
     stats.cut()
-    stats.add(np.array([1.0, 2.0]), np.array([1, 1]))
-    assert list(stats.finished_returns) == [1.0, 2.0]
-    assert list(stats.finished_lengths) == [1, 1]
+    # Its return would read -1 instead of -6: a flattering partial one.
+    stats.add(np.array([-1.0, -2.0]), np.array([1, 0]))
+    assert list(stats.finished_returns) == [] and stats.episodes == 0
+    # The next episodes are whole again.
+    stats.add(np.array([-3.0, -4.0]), np.array([1, 1]))
+    assert list(stats.finished_returns) == [-3.0]
+    assert list(stats.finished_lengths) == [1]
 
 
 def test_window_keeps_the_latest_episodes_and_empty_means_are_nan():

@@ -13,6 +13,7 @@ class EpisodeStats:
     def __init__(self, num_envs: int, window: int = 100) -> None:
         self._returns = np.zeros(num_envs, np.float64)
         self._lengths = np.zeros(num_envs, np.int64)
+        self._whole = np.ones(num_envs, bool)
         self.finished_returns: deque[float] = deque(maxlen=window)
         self.finished_lengths: deque[int] = deque(maxlen=window)
         self.episodes = 0
@@ -21,16 +22,20 @@ class EpisodeStats:
         self._returns += rewards
         self._lengths += 1
         ended = np.flatnonzero(dones)
-        self.finished_returns.extend(self._returns[ended].tolist())
-        self.finished_lengths.extend(self._lengths[ended].tolist())
-        self.episodes += ended.size
+        # An episode that lost steps to a cut would log a partial (flattering) return.
+        whole = ended[self._whole[ended]]
+        self.finished_returns.extend(self._returns[whole].tolist())
+        self.finished_lengths.extend(self._lengths[whole].tolist())
+        self.episodes += whole.size
         self._returns[ended] = 0.0
         self._lengths[ended] = 0
+        self._whole[ended] = True
 
     def cut(self) -> None:
-        """Forget the episodes in progress (the step stream was interrupted)."""
+        """The step stream was interrupted: the episodes in progress are not counted."""
         self._returns[:] = 0.0
         self._lengths[:] = 0
+        self._whole[:] = False
 
     def state(self) -> dict[str, list[float] | int]:
         """The finished-episode windows and count, for a checkpoint (JSON-friendly)."""
