@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
 
+import mlx.core as mx  # conftest loaded the optimized BLAS first
 import numpy as np
 import pytest
 
@@ -162,3 +164,25 @@ def test_the_action_mapping_travels_with_the_checkpoint(tmp_path):
                  export_policy(tmp_path / "policy", agent, actions=actions)):
         assert Checkpoint(path).action_cfg == actions
     assert Checkpoint(save_checkpoint(tmp_path / "none", agent)).action_cfg is None
+
+
+@pytest.mark.parametrize("change", ["drop_kind", "extra_field", "bad_json"])
+def test_malformed_metadata_is_one_clear_error(tmp_path, change):
+    path = save_checkpoint(tmp_path / "ok", make_agent())
+    arrays, meta = mx.load(str(path), return_metadata=True)
+    if change == "drop_kind":
+        del meta["kind"]
+    elif change == "extra_field":
+        ppo = json.loads(meta["ppo"])
+        ppo["a_field_from_the_future"] = 1
+        meta["ppo"] = json.dumps(ppo)
+    else:
+        meta["agent"] = "{not json"
+    mx.save_safetensors(str(tmp_path / "changed.safetensors"), arrays, metadata=meta)
+    if change == "extra_field":
+        checkpoint = Checkpoint(tmp_path / "changed.safetensors")
+        assert checkpoint.ignored_fields == ["ppo.a_field_from_the_future"]
+        return
+    with pytest.raises(CheckpointError, match="malformed metadata") as caught:
+        Checkpoint(tmp_path / "changed.safetensors")
+    assert "\n" not in str(caught.value)

@@ -622,6 +622,7 @@ def test_main_starts_from_the_yaml_and_exits_0_on_sigint(
         ("ppo.learning_rate:=1", "'ppo.learning_rate' must be a float"),
         ("update_trigger:=sometimes", "update_trigger must be one of"),
         ("resume_from:=/nonexistent.safetensors", "no checkpoint at"),
+        ("model.actor_hidden_dims:=[]", "has no value"),
     ],
 )
 def test_main_exits_2_with_a_one_line_reason_on_a_bad_parameter(

@@ -16,7 +16,11 @@ from collections.abc import Collection
 from typing import Any, TypeVar
 
 from rcl_interfaces.msg import ParameterDescriptor
-from rclpy.exceptions import InvalidParameterTypeException, ParameterException
+from rclpy.exceptions import (
+    InvalidParameterTypeException,
+    ParameterException,
+    ParameterUninitializedException,
+)
 from rclpy.node import Node
 
 Config = TypeVar("Config")
@@ -109,10 +113,17 @@ def warn_unknown_parameters(node: Node) -> None:
 
 def read_config(node: Node, cls: type[Config], prefix: str = "") -> Config:
     """Build ``cls`` from the declared parameters and run its ``validate()``, if any."""
-    values = {
-        field.name: _plain(node.get_parameter(_name(prefix, field.name)).value)
-        for field in dataclasses.fields(cls)  # type: ignore[arg-type]
-    }
+    values = {}
+    for field in dataclasses.fields(cls):  # type: ignore[arg-type]
+        name = _name(prefix, field.name)
+        try:
+            values[field.name] = _plain(node.get_parameter(name).value)
+        except ParameterUninitializedException:
+            # e.g. `-p name:=[]`: an empty list has no element type, so rclpy keeps none.
+            raise ConfigError(
+                f"parameter '{name}' has no value (an empty list cannot be typed: give at "
+                "least one element)"
+            ) from None
     config = cls(**values)
     validate = getattr(config, "validate", None)
     if validate is not None:
