@@ -14,8 +14,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
-
 from unilab_ros.gym_vector import GymVectorSim
 from unilab_ros.paths import config_file
 from unilab_ros.rl.actions import ActionMapper
@@ -39,8 +37,8 @@ def train(
     cfg = setup.agent
     sim = GymVectorSim(setup.env_id, cfg.num_envs, cfg.seed, setup.max_episode_steps)
     try:
-        agent = PPOAgent(cfg, setup.model, setup.ppo, action_bounds=_bounds(setup, cfg))
         to_env = ActionMapper(setup.actions, cfg.num_envs, cfg.action_dim)
+        agent = PPOAgent(cfg, setup.model, setup.ppo, action_bounds=to_env.policy_bounds())
         stats = EpisodeStats(cfg.num_envs)
         obs = sim.reset()
         for _ in range(iterations):
@@ -58,11 +56,6 @@ def train(
         return agent, stats
     finally:
         sim.close()
-
-
-def _bounds(setup: TrainingSetup, cfg) -> tuple[np.ndarray, np.ndarray]:
-    mapper = ActionMapper(setup.actions, 1, cfg.action_dim)
-    return mapper.policy_bounds()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -357,12 +357,13 @@ class PPOTrainer:
         """The floor for this rollout's advantage std; folds its std into the running mean."""
         state = self.schedule_state
         seen = float(state["rollouts_seen"].item())
-        floor = self.cfg.advantage_std_floor * float(state["adv_std_mean"].item())
+        past_mean = float(state["adv_std_mean"].item())
+        floor = self.cfg.advantage_std_floor * past_mean
         std = float(np.std(advantages))
         if np.isfinite(std):
             # A plain mean over the first rollouts, then an exponential one over ~20.
             weight = 1.0 / min(seen + 1.0, 20.0)
-            mean = (1.0 - weight) * float(state["adv_std_mean"].item()) + weight * std
+            mean = (1.0 - weight) * past_mean + weight * std
             state["adv_std_mean"] = mx.array(mean, mx.float32)
             state["rollouts_seen"] = mx.array(seen + 1.0, mx.float32)
         return floor
