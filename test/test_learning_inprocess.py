@@ -9,8 +9,8 @@ config/pendulum.yaml, two at a time in child processes, and each must
   took the rolling mean from -140 to below -450,
 - end close to its kept best policy (MAX_DROP_FROM_BEST).
 
-bench/learning.py measured seeds 0-4 at -186..-187 by 100k env steps and never below
--225 afterwards through 500k. A random policy scores about -1250. Under CI
+bench/learning.py measured seeds 0-9 at -192..-172 at 100k env steps and never below
+-228 afterwards through 500k. A random policy scores about -1250. Under CI
 (UNILAB_CI=1) three seeds train 120k env steps each (~1 min on 2 cores); the full run
 trains five seeds over 250k.
 """
