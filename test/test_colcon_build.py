@@ -15,7 +15,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = 'unilab_ros'
-EXECUTABLES = ('trainer_node', 'policy_node', 'gym_env_node', 'sim_train', 'pendulum_demo')
+EXECUTABLES = ('trainer_node', 'policy_node', 'gym_env_node', 'sim_train', 'pendulum_demo',
+               'export_bundle')
 BUILD_TIMEOUT_S = 60
 
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Collection
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 
@@ -50,6 +51,28 @@ class ActionMapper:
 
     def __call__(self, policy_actions: np.ndarray) -> np.ndarray:
         return np.clip(policy_actions * self.scale, self.low, self.high).astype(np.float32)
+
+
+def override_actions(
+    trained: ActionConfig | None, given: ActionConfig, overridden: Collection[str]
+) -> tuple[ActionConfig, list[str]]:
+    """The training's action mapping with the fields named in ``overridden`` taken from
+    ``given``, and one message per field that changes (a scale or limit other than the
+    training's changes what the policy does, so it is said with both values)."""
+    if trained is None:
+        return given, [
+            "the policy does not say how the training mapped actions (written by an older "
+            "version): using the action_* and safe_action given here"
+        ]
+    values, notes = {}, []
+    for item in fields(ActionConfig):
+        ours, theirs = list(getattr(given, item.name)), list(getattr(trained, item.name))
+        if item.name in overridden and ours != theirs:
+            notes.append(f"{item.name} = {ours} (given) overrides {theirs} (the training's)")
+            values[item.name] = ours
+        else:
+            values[item.name] = theirs
+    return ActionConfig(**values), notes
 
 
 def _per_dim(name: str, values: list[float], action_dim: int) -> np.ndarray:
