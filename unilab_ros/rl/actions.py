@@ -26,12 +26,12 @@ class ActionMapper:
     """Turns policy outputs (num_envs, action_dim) into clipped commands."""
 
     def __init__(self, cfg: ActionConfig, num_envs: int, action_dim: int) -> None:
-        self.scale = _per_dim("action_scale", cfg.action_scale, action_dim)
-        self.low = _per_dim("action_low", cfg.action_low, action_dim)
-        self.high = _per_dim("action_high", cfg.action_high, action_dim)
+        self.scale = per_dim("action_scale", cfg.action_scale, action_dim)
+        self.low = per_dim("action_low", cfg.action_low, action_dim)
+        self.high = per_dim("action_high", cfg.action_high, action_dim)
         if np.any(self.low > self.high):
             raise ValueError("action_low must not exceed action_high")
-        safe = _per_dim("safe_action", cfg.safe_action, action_dim)
+        safe = per_dim("safe_action", cfg.safe_action, action_dim)
         if np.any(safe < self.low) or np.any(safe > self.high):
             raise ValueError("safe_action must lie within action_low..action_high")
         self.safe = np.tile(safe, (num_envs, 1))
@@ -75,7 +75,7 @@ def override_actions(
     return ActionConfig(**values), notes
 
 
-def _per_dim(name: str, values: list[float], action_dim: int) -> np.ndarray:
+def per_dim(name: str, values: list[float], action_dim: int) -> np.ndarray:
     array = np.asarray(values, np.float32).reshape(-1)
     if not np.all(np.isfinite(array)):
         raise ValueError(f"{name} must be finite")
