@@ -29,8 +29,8 @@ setup: $(SETUP_STAMP)
 # pip's PEP 660 editable install ignores setup.cfg's [develop]/[install] script dirs
 # (those steer colcon's `setup.py develop/install` into lib/unilab_ros), so the console
 # scripts land in .venv/bin. COLCON_IGNORE keeps a workspace crawl out of the venv.
-$(SETUP_STAMP): requirements.txt requirements-dev.txt setup.py setup.cfg package.xml \
-    $(NATIVE_SOURCES)
+$(SETUP_STAMP): requirements.txt requirements-dev.txt requirements-deploy.txt setup.py setup.cfg \
+    package.xml $(NATIVE_SOURCES)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV) || { \
 	  echo 'Could not create $(VENV): install python3-venv (Debian/Ubuntu).'; exit 1; }
 	$(PIP) install --upgrade pip==$(PIP_VERSION)

@@ -31,6 +31,7 @@ setup(
             'gym_env_node = unilab_ros.gym_env_node:main',
             'sim_train = unilab_ros.sim_train:main',
             'pendulum_demo = unilab_ros.rl.demo:main',
+            'export_bundle = unilab_ros.export_bundle:main',
         ],
     },
 )

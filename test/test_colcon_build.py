@@ -7,15 +7,18 @@ the Python that runs colcon (requirements-dev.txt).
 
 import importlib.util
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = 'unilab_ros'
-EXECUTABLES = ('trainer_node', 'policy_node', 'gym_env_node', 'sim_train', 'pendulum_demo')
+EXECUTABLES = ('trainer_node', 'policy_node', 'gym_env_node', 'sim_train', 'pendulum_demo',
+               'export_bundle')
 BUILD_TIMEOUT_S = 60
 
 
@@ -104,7 +107,8 @@ SMALL_RUN = """\
 """
 
 
-def _ros2_launch(install_prefix, ros_domain_env, *arguments, timeout=120.0):
+def _ros2(install_prefix, ros_domain_env) -> tuple[str, dict[str, str]]:
+    """The ros2 command and an environment that finds the installed package."""
     ros2 = Path(sys.executable).parent / 'ros2'
     if not ros2.is_file() or importlib.util.find_spec('launch_ros') is None:
         pytest.skip('the ros2 CLI and launch_ros are not installed (not on PyPI): run '
@@ -118,7 +122,12 @@ def _ros2_launch(install_prefix, ros_domain_env, *arguments, timeout=120.0):
         PATH=os.pathsep.join([str(ros2.parent), ros_domain_env.get('PATH', '')]),
         PYTHONUNBUFFERED='1',
     )
-    return subprocess.run([str(ros2), 'launch', PACKAGE, *arguments], env=env,
+    return str(ros2), env
+
+
+def _ros2_launch(install_prefix, ros_domain_env, *arguments, timeout=120.0):
+    ros2, env = _ros2(install_prefix, ros_domain_env)
+    return subprocess.run([ros2, 'launch', PACKAGE, *arguments], env=env,
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -150,3 +159,65 @@ def test_ros2_launch_show_args_lists_the_arguments(install_prefix, ros_domain_en
     assert result.returncode == 0, result.stderr
     for argument in ('env_id', 'num_envs', 'namespace', 'params_file', 'use_sim_time'):
         assert f"'{argument}'" in result.stdout
+
+
+@pytest.fixture
+def bundle(tmp_path):
+    import unilab_ros.rl  # noqa: F401 - loads the optimized BLAS before mlx
+    from unilab_ros.rl.actions import ActionConfig
+    from unilab_ros.rl.agent import AgentConfig, PPOAgent
+    from unilab_ros.rl.bundle import read_policy, save_bundle
+    from unilab_ros.rl.checkpoint import save_checkpoint
+    from unilab_ros.rl.model import ModelConfig
+
+    agent = PPOAgent(AgentConfig(num_envs=1, obs_dim=3, action_dim=1),
+                     ModelConfig(actor_hidden_dims=[8], critic_hidden_dims=[8]))
+    checkpoint = save_checkpoint(tmp_path / 'ckpt', agent, actions=ActionConfig())
+    return save_bundle(tmp_path / 'policy', read_policy(checkpoint))
+
+
+def _lifecycle_state(ros2, env, deadline, wanted) -> str:
+    """Poll `ros2 lifecycle get` until it reports ``wanted`` or ``deadline`` passes."""
+    state = ''
+    while time.monotonic() < deadline:
+        # --no-daemon: a ros2 daemon would outlive the test; discovery then takes the spin.
+        result = subprocess.run(
+            [ros2, 'lifecycle', 'get', '--no-daemon', '--spin-time', '3', '/unilab_policy'],
+            env=env, capture_output=True, text=True, timeout=30)
+        state = result.stdout.strip()
+        if state.startswith(wanted):
+            return state
+        time.sleep(0.5)
+    return state
+
+
+@pytest.mark.parametrize('activate, settled', [('true', 'active'), ('false', 'inactive')])
+def test_ros2_launch_deploy_drives_the_lifecycle_node(install_prefix, ros_domain_env, bundle,
+                                                      activate, settled):
+    ros2, env = _ros2(install_prefix, ros_domain_env)
+    launch = subprocess.Popen([ros2, 'launch', PACKAGE, 'deploy.launch.py',
+                               f'checkpoint:={bundle}', f'activate:={activate}'],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60.0
+        assert _lifecycle_state(ros2, env, deadline, settled).startswith(settled)
+        # The operator's view of the same node: `ros2 lifecycle set` moves it, and the
+        # launch does not re-activate a node deactivated by hand.
+        change = 'deactivate' if settled == 'active' else 'activate'
+        result = subprocess.run(
+            [ros2, 'lifecycle', 'set', '--no-daemon', '--spin-time', '3', '/unilab_policy',
+             change], env=env, capture_output=True, text=True, timeout=30)
+        assert 'Transitioning successful' in result.stdout, result.stdout + result.stderr
+        other = 'inactive' if settled == 'active' else 'active'
+        assert _lifecycle_state(ros2, env, deadline, other).startswith(other)
+        time.sleep(1.0)
+        assert _lifecycle_state(ros2, env, deadline, other).startswith(other)
+    finally:
+        os.killpg(launch.pid, signal.SIGINT)
+        try:
+            output, _ = launch.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(launch.pid, signal.SIGKILL)
+            output, _ = launch.communicate()
+    assert 'configured with' in output, output[-3000:]

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from unilab_ros.action_safety import ActionSafetyConfig
 from unilab_ros.gym_env_node import GymEnvParams
 from unilab_ros.policy_node import PolicyNodeConfig
 from unilab_ros.rl.actions import ActionConfig, ActionMapper
@@ -31,7 +32,7 @@ NODE_CONFIGS: dict[str, list[tuple[str, type]]] = {
         ("model.", ModelConfig),
         ("ppo.", PPOConfig),
     ],
-    "unilab_policy": [("", PolicyNodeConfig), ("", ActionConfig)],
+    "unilab_policy": [("", PolicyNodeConfig), ("", ActionConfig), ("", ActionSafetyConfig)],
     "gym_env": [("", GymEnvParams)],
 }
 BUILT_IN = {"use_sim_time": bool}

@@ -18,7 +18,7 @@ LAUNCH_DIR = PACKAGE_ROOT / 'launch'
 EXPECTED_ARGUMENTS = {
     'sim_train.launch.py': {'env_id', 'num_envs', 'namespace', 'params_file', 'use_sim_time'},
     'train.launch.py': {'namespace', 'params_file', 'use_sim_time'},
-    'deploy.launch.py': {'checkpoint', 'namespace', 'params_file'},
+    'deploy.launch.py': {'checkpoint', 'namespace', 'params_file', 'activate'},
 }
 LAUNCH_FILES = sorted(EXPECTED_ARGUMENTS)
 
@@ -27,9 +27,12 @@ def _tree(name: str) -> ast.Module:
     return ast.parse((LAUNCH_DIR / name).read_text(), filename=name)
 
 
-def _calls(tree: ast.AST, function: str) -> list[ast.Call]:
+def _calls(tree: ast.AST, *functions: str) -> list[ast.Call]:
     return [node for node in ast.walk(tree) if isinstance(node, ast.Call)
-            and isinstance(node.func, ast.Name) and node.func.id == function]
+            and isinstance(node.func, ast.Name) and node.func.id in functions]
+
+
+NODE_ACTIONS = ('Node', 'LifecycleNode')
 
 
 def _first_string_argument(call: ast.Call) -> str | None:
@@ -81,7 +84,7 @@ def test_every_launch_configuration_is_declared_with_a_description(name):
 
 @pytest.mark.parametrize('name', LAUNCH_FILES)
 def test_nodes_print_to_screen_and_take_dict_parameters_after_files(name):
-    nodes = _calls(_tree(name), 'Node')
+    nodes = _calls(_tree(name), *NODE_ACTIONS)
     assert nodes, f'{name} launches no node'
     for node in nodes:
         output = _keyword(node, 'output')
@@ -99,7 +102,7 @@ def test_nodes_print_to_screen_and_take_dict_parameters_after_files(name):
 def test_nodes_run_console_scripts_of_the_package(name):
     console_scripts = set(re.findall(r"'(\w+) = unilab_ros\.",
                                      (PACKAGE_ROOT / 'setup.py').read_text()))
-    for node in _calls(_tree(name), 'Node'):
+    for node in _calls(_tree(name), *NODE_ACTIONS):
         assert _keyword(node, 'package').value == 'unilab_ros'
         assert _keyword(node, 'executable').value in console_scripts
 

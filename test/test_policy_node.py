@@ -1,4 +1,7 @@
-"""PolicyNode with real rclpy: a policy exported from a small PPOAgent, driven in-process."""
+"""PolicyNode with real rclpy: a policy exported from a small PPOAgent, driven in-process.
+
+The node is a lifecycle node: the harness configures and activates it as a launch would.
+"""
 
 import os
 import subprocess
@@ -10,9 +13,10 @@ import numpy as np
 import pytest
 import rclpy
 from rclpy.executors import SingleThreadedExecutor
+from rclpy.lifecycle import TransitionCallbackReturn
 from rclpy.parameter import Parameter
 from ros_helpers import spin_until
-from std_msgs.msg import Float32MultiArray, Float64MultiArray
+from std_msgs.msg import Bool, Float32MultiArray, Float64MultiArray
 from std_srvs.srv import SetBool
 
 from unilab_ros.messages import read_matrix, to_float32_msg
@@ -21,6 +25,7 @@ from unilab_ros.policy_node import PolicyNode
 from unilab_ros.rl import PPOAgent
 from unilab_ros.rl.actions import ActionConfig
 from unilab_ros.rl.agent import AgentConfig
+from unilab_ros.rl.bundle import read_policy, save_bundle
 from unilab_ros.rl.checkpoint import export_policy, save_checkpoint
 from unilab_ros.rl.model import ModelConfig
 
@@ -49,15 +54,16 @@ def exported(tmp_path_factory):
     return path, agent.model
 
 
+MAPPING = {"action_scale": SCALE, "action_low": LOW, "action_high": HIGH, "safe_action": SAFE}
+
+
 class Harness:
-    def __init__(self, context: rclpy.Context, checkpoint: Path, **overrides) -> None:
+    def __init__(self, context: rclpy.Context, checkpoint: Path, activate: bool = True,
+                 mapping: dict | None = None, **overrides) -> None:
         params = {
             "checkpoint": str(checkpoint),
             "num_envs": NUM_ENVS,
-            "action_scale": SCALE,
-            "action_low": LOW,
-            "action_high": HIGH,
-            "safe_action": SAFE,
+            **(MAPPING if mapping is None else mapping),
             "obs_timeout": 10.0,
             **overrides,
         }
@@ -65,7 +71,11 @@ class Harness:
             context=context,
             parameter_overrides=[Parameter(name, value=value) for name, value in params.items()],
         )
+        if activate:
+            assert self.node.trigger_configure() == TransitionCallbackReturn.SUCCESS
+            assert self.node.trigger_activate() == TransitionCallbackReturn.SUCCESS
         self.peer = rclpy.create_node("policy_test_peer", context=context)
+        self.estop_pub = self.peer.create_publisher(Bool, "estop", 10)
         self.obs_pub = self.peer.create_publisher(Float32MultiArray, "observation", 10)
         action_type = (
             Float64MultiArray if params.get("action_msg_type") == "float64" else Float32MultiArray
@@ -77,6 +87,11 @@ class Harness:
         self.executor = SingleThreadedExecutor(context=context)
         self.executor.add_node(self.node)
         self.executor.add_node(self.peer)
+        assert self.spin_until(lambda: self.estop_pub.get_subscription_count() > 0)
+        if activate:
+            self.wait_for_action_topic()
+
+    def wait_for_action_topic(self) -> None:
         assert self.spin_until(
             lambda: self.obs_pub.get_subscription_count() > 0
             and self.action_sub.get_publisher_count() > 0
@@ -89,7 +104,22 @@ class Harness:
         count = len(self.action_msgs)
         self.obs_pub.publish(to_float32_msg(obs, ("env", "obs")))
         assert self.spin_until(lambda: len(self.action_msgs) > count), "no action"
+        return self.last_action()
+
+    def last_action(self) -> np.ndarray:
         return read_matrix(self.action_msgs[-1], NUM_ENVS, ACTION_DIM)
+
+    def no_action_for(self, obs: np.ndarray) -> bool:
+        """True when an observation gets no action (within a short wait)."""
+        count = len(self.action_msgs)
+        self.obs_pub.publish(to_float32_msg(obs, ("env", "obs")))
+        return not self.spin_until(lambda: len(self.action_msgs) > count, timeout=0.3)
+
+    def estop(self, engaged: bool) -> None:
+        count = self.node.counters["estops"]
+        self.estop_pub.publish(Bool(data=engaged))
+        assert self.spin_until(lambda: self.node.estopped == engaged)
+        assert self.node.counters["estops"] == count + engaged
 
     def close(self) -> None:
         self.executor.shutdown()
@@ -101,8 +131,8 @@ class Harness:
 def make_harness(context):
     made = []
 
-    def make(checkpoint, **overrides) -> Harness:
-        made.append(Harness(context, checkpoint, **overrides))
+    def make(checkpoint, **options) -> Harness:
+        made.append(Harness(context, checkpoint, **options))
         return made[-1]
 
     yield make
@@ -155,26 +185,45 @@ def test_the_watchdog_publishes_the_safe_action(make_harness, exported):
     np.testing.assert_allclose(safe, np.tile(SAFE, (NUM_ENVS, 1)), rtol=1e-6)
 
 
-def test_a_missing_checkpoint_is_a_config_error(context, tmp_path):
+def test_a_missing_policy_file_fails_configure_and_names_no_file_a_config_error(
+    context, tmp_path
+):
     missing = tmp_path / "missing.safetensors"
-    with pytest.raises(ConfigError, match="no checkpoint at"):
-        PolicyNode(
-            context=context, parameter_overrides=[Parameter("checkpoint", value=str(missing))]
-        )
+    node = PolicyNode(
+        context=context, parameter_overrides=[Parameter("checkpoint", value=str(missing))]
+    )
+    try:
+        assert node.trigger_configure() == TransitionCallbackReturn.FAILURE
+        assert node.state == "unconfigured"
+    finally:
+        node.destroy_node()
     with pytest.raises(ConfigError, match="checkpoint must name"):
         PolicyNode(context=context)
 
 
-def test_action_limits_of_the_wrong_size_are_a_config_error(context, exported):
-    overrides = [
+def configured(context, checkpoint, **params) -> PolicyNode:
+    node = PolicyNode(context=context, parameter_overrides=[
+        Parameter("checkpoint", value=str(checkpoint)),
+        *(Parameter(name, value=value) for name, value in params.items()),
+    ])
+    assert node.trigger_configure() == TransitionCallbackReturn.SUCCESS
+    return node
+
+
+def test_action_limits_of_the_wrong_size_fail_configure(context, exported):
+    node = PolicyNode(context=context, parameter_overrides=[
         Parameter("checkpoint", value=str(exported[0])),
         Parameter("action_scale", value=[1.0, 1.0, 1.0]),
-    ]
-    with pytest.raises(ConfigError, match="action_scale needs 1 or action_dim=2"):
-        PolicyNode(context=context, parameter_overrides=overrides)
+    ])
+    try:
+        assert node.trigger_configure() == TransitionCallbackReturn.FAILURE
+    finally:
+        node.destroy_node()
 
 
 def test_main_exits_2_with_a_one_line_reason_without_a_checkpoint(ros_domain_env, tmp_path):
+    # The params file leaves checkpoint empty: a bad value is refused at start, before any
+    # lifecycle transition (a missing file only fails configure, see above).
     env = dict(
         ros_domain_env,
         PYTHONPATH=os.pathsep.join(
@@ -189,8 +238,6 @@ def test_main_exits_2_with_a_one_line_reason_without_a_checkpoint(ros_domain_env
             "--ros-args",
             "--params-file",
             str(PACKAGE_ROOT / "config" / "deploy.yaml"),
-            "-p",
-            f"checkpoint:={tmp_path / 'missing.safetensors'}",
         ],
         capture_output=True,
         text=True,
@@ -201,7 +248,7 @@ def test_main_exits_2_with_a_one_line_reason_without_a_checkpoint(ros_domain_env
     assert result.returncode == 2, result.stdout + result.stderr
     output = (result.stdout + result.stderr).strip().splitlines()
     assert "Traceback" not in result.stderr
-    assert len(output) == 1 and "no checkpoint at" in output[0], output
+    assert len(output) == 1 and "checkpoint must name" in output[0], output
 
 
 def test_deterministic_is_live_and_the_service_keeps_the_parameter_in_agreement(
@@ -238,8 +285,7 @@ def test_the_training_action_mapping_comes_from_the_checkpoint(context, tmp_path
     trained = ActionConfig(action_scale=[2.0], action_low=[-2.0], action_high=[2.0],
                            safe_action=[0.5])
     path = save_checkpoint(tmp_path / "trained", agent, actions=trained)
-    node = PolicyNode(context=context, parameter_overrides=[
-        Parameter("checkpoint", value=str(path)), Parameter("num_envs", value=NUM_ENVS)])
+    node = configured(context, path, num_envs=NUM_ENVS)
     try:
         np.testing.assert_array_equal(node.actions.scale, [2.0, 2.0])
         np.testing.assert_array_equal(node.actions.high, [2.0, 2.0])
@@ -247,11 +293,91 @@ def test_the_training_action_mapping_comes_from_the_checkpoint(context, tmp_path
     finally:
         node.destroy_node()
     # A parameter given to the node overrides that one field (and is logged with both).
-    node = PolicyNode(context=context, parameter_overrides=[
-        Parameter("checkpoint", value=str(path)), Parameter("num_envs", value=NUM_ENVS),
-        Parameter("action_scale", value=[0.5])])
+    node = configured(context, path, num_envs=NUM_ENVS, action_scale=[0.5])
     try:
         np.testing.assert_array_equal(node.actions.scale, [0.5, 0.5])
         np.testing.assert_array_equal(node.actions.high, [2.0, 2.0])
     finally:
         node.destroy_node()
+
+
+def test_a_bundle_is_served_as_the_mlx_deterministic_actor_with_its_mapping(
+    make_harness, exported, tmp_path
+):
+    path, model = exported
+    bundle = read_policy(path)
+    bundle.actions = ActionConfig(action_scale=SCALE, action_low=LOW, action_high=HIGH,
+                                  safe_action=SAFE)
+    bundle_path = save_bundle(tmp_path / "bundle", bundle)
+    # No action parameters: the mapping is the bundle's.
+    harness = make_harness(bundle_path, mapping={})
+    rng = np.random.default_rng(5)
+    for _ in range(3):
+        obs = rng.normal(2.0, 3.0, (NUM_ENVS, OBS_DIM)).astype(np.float32)
+        np.testing.assert_allclose(harness.act(obs), expected_action(model, obs),
+                                   rtol=1e-5, atol=1e-6)
+
+
+def test_lifecycle_configure_activate_deactivate_cleanup_shutdown(make_harness, exported):
+    harness = make_harness(exported[0], activate=False)
+    node = harness.node
+    obs = np.ones((NUM_ENVS, OBS_DIM), np.float32)
+    safe = np.tile(SAFE, (NUM_ENVS, 1))
+    assert node.state == "unconfigured"
+    assert node.trigger_configure() == TransitionCallbackReturn.SUCCESS
+    harness.wait_for_action_topic()
+    assert node.state == "inactive" and harness.no_action_for(obs), "inactive: no commands"
+    assert node.trigger_activate() == TransitionCallbackReturn.SUCCESS
+    np.testing.assert_allclose(harness.act(obs), expected_action(exported[1], obs), rtol=1e-5)
+    count = len(harness.action_msgs)
+    assert node.trigger_deactivate() == TransitionCallbackReturn.SUCCESS
+    assert harness.spin_until(lambda: len(harness.action_msgs) == count + 1)
+    np.testing.assert_allclose(harness.last_action(), safe)
+    assert harness.no_action_for(obs), "deactivated: commanding stopped"
+    assert node.trigger_cleanup() == TransitionCallbackReturn.SUCCESS
+    assert node.state == "unconfigured" and not hasattr(node, "model")
+    # Configured again from scratch, then shut down while active: the safe action goes out.
+    assert node.trigger_configure() == TransitionCallbackReturn.SUCCESS
+    assert node.trigger_activate() == TransitionCallbackReturn.SUCCESS
+    harness.wait_for_action_topic()
+    harness.act(obs)
+    count = len(harness.action_msgs)
+    assert node.trigger_shutdown() == TransitionCallbackReturn.SUCCESS
+    assert harness.spin_until(lambda: len(harness.action_msgs) == count + 1)
+    np.testing.assert_allclose(harness.last_action(), safe)
+    assert node.state == "finalized"
+
+
+def test_estop_holds_the_safe_action_then_the_policy_blends_back_in(make_harness, exported):
+    path, model = exported
+    harness = make_harness(path, blend_in_steps=4)
+    obs = np.full((NUM_ENVS, OBS_DIM), 0.3, np.float32)
+    safe = np.tile(SAFE, (NUM_ENVS, 1)).astype(np.float32)
+    policy = expected_action(model, obs).astype(np.float32)
+    assert not np.allclose(policy, safe)
+    ramp = [safe + step / 4 * (policy - safe) for step in range(1, 5)]
+    for expected in ramp:  # blend-in after activation
+        np.testing.assert_allclose(harness.act(obs), expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(harness.act(obs), policy, rtol=1e-5, atol=1e-6)
+    count = len(harness.action_msgs)
+    harness.estop(True)
+    # At once, not at the next observation.
+    assert harness.spin_until(lambda: len(harness.action_msgs) == count + 1)
+    np.testing.assert_allclose(harness.last_action(), safe)
+    for _ in range(2):
+        np.testing.assert_allclose(harness.act(obs), safe)
+    harness.estop(False)
+    for expected in ramp:
+        np.testing.assert_allclose(harness.act(obs), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_the_rate_limit_bounds_each_published_change(make_harness, exported):
+    path, model = exported
+    harness = make_harness(path, max_action_change=[0.05])
+    obs = np.full((NUM_ENVS, OBS_DIM), -0.7, np.float32)
+    previous = np.tile(SAFE, (NUM_ENVS, 1))
+    for _ in range(5):
+        action = harness.act(obs)
+        assert np.all(np.abs(action - previous) <= 0.05 + 1e-6)
+        previous = action
+    assert not np.allclose(previous, expected_action(model, obs)), "still on its way"

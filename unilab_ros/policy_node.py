@@ -1,26 +1,31 @@
 """policy_node (node ``unilab_policy``): runs a trained policy, inference only.
 
-Subscribes ``observation`` and publishes ``action`` (same contract as the trainer);
-sizes, architecture and observation normalizer come from the checkpoint. A watchdog
-publishes the safe action when observations stop.
+A lifecycle node (``ros2 lifecycle set /unilab_policy configure|activate|deactivate``):
+configure loads the policy bundle or checkpoint, activate starts commanding, deactivate
+sends the safe action and stops. Active, it subscribes ``observation`` and publishes
+``action`` (same contract as the trainer); sizes, architecture, observation normalizer
+and action mapping come from the bundle. ``estop`` (std_msgs/Bool) holds the safe action
+while true; a watchdog sends it when observations stop; ``ActionGuard`` rate-limits,
+smooths and blends the policy in after activation, an e-stop or a watchdog trip.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from rcl_interfaces.msg import SetParametersResult
 from rclpy.clock import Clock, ClockType
-from rclpy.node import Node
+from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
 from rclpy.parameter import Parameter
 from rclpy.qos import QoSProfile
-from std_msgs.msg import Float32MultiArray, Float64MultiArray, String
+from std_msgs.msg import Bool, Float32MultiArray, Float64MultiArray, String
 from std_srvs.srv import SetBool
 
+from unilab_ros.action_safety import ActionGuard, ActionSafetyConfig
 from unilab_ros.executors import run_node
 from unilab_ros.messages import MessageError, read_matrix, to_float32_msg, to_float64_msg
 from unilab_ros.params import (
@@ -30,8 +35,9 @@ from unilab_ros.params import (
     read_config,
     warn_unknown_parameters,
 )
-from unilab_ros.rl.actions import ActionConfig, ActionMapper
-from unilab_ros.rl.checkpoint import Checkpoint, CheckpointError, load_policy
+from unilab_ros.rl.actions import ActionConfig, ActionMapper, override_actions
+from unilab_ros.rl.bundle import read_policy
+from unilab_ros.rl.model import MLPActorCritic
 from unilab_ros.rl.policy import PolicySampler
 from unilab_ros.trainer_config import ACTION_MSG_TYPES
 
@@ -43,7 +49,8 @@ class PolicyNodeConfig:
     """Deployment settings."""
 
     checkpoint: str = ""
-    """Training checkpoint or policy export to run (required)."""
+    """Policy bundle (export_bundle), training checkpoint or policy export to run
+    (required; loaded on configure)."""
     num_envs: int = 1
     """Rows of the observation and action messages."""
     obs_timeout: float = 0.2
@@ -61,7 +68,7 @@ class PolicyNodeConfig:
 
     def validate(self) -> None:
         if not self.checkpoint:
-            raise ValueError("checkpoint must name a checkpoint file")
+            raise ValueError("checkpoint must name a policy bundle or checkpoint file")
         if self.num_envs < 1 or self.qos_depth < 1 or self.obs_timeout <= 0.0:
             raise ValueError("num_envs, qos_depth and obs_timeout must be positive")
         if not self.observation_limit > 0.0:
@@ -70,71 +77,142 @@ class PolicyNodeConfig:
             raise ValueError(f"action_msg_type must be one of {ACTION_MSG_TYPES}")
 
 
-class PolicyNode(Node):
+class PolicyNode(LifecycleNode):
+    """A lifecycle node: configure loads the policy, activate commands, deactivate goes safe."""
+
+    model: MLPActorCritic
+    actions: ActionMapper
+    guard: ActionGuard
+
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(NODE_NAME, **kwargs)
+        self.state = "unconfigured"
+        """The lifecycle state this node last reached (set before anything can fail: the
+        context destroys a node whose construction raised, and ``destroy_node`` reads it)."""
         declare_config(self, PolicyNodeConfig(), live={"deterministic"})
         declare_config(self, ActionConfig())
+        declare_config(self, ActionSafetyConfig())
         warn_unknown_parameters(self)
         self.cfg = read_config(self, PolicyNodeConfig)
-        try:
-            self.model, checkpoint = load_policy(self.cfg.checkpoint)
-            self.actions = ActionMapper(
-                self._action_settings(checkpoint), self.cfg.num_envs, self.model.action_dim
-            )
-        except (ValueError, CheckpointError) as error:
-            raise ConfigError(str(error)) from None
-        self.sampler = PolicySampler(self.model, checkpoint.agent_cfg.seed)
+        self.safety_cfg = read_config(self, ActionSafetyConfig)
         self.counters = {
-            "actions": 0, "rejected_observations": 0, "watchdog_trips": 0, "nonfinite_actions": 0
+            "actions": 0, "rejected_observations": 0, "watchdog_trips": 0,
+            "nonfinite_actions": 0, "estops": 0,
         }
+        self.estopped = False
         self._last_obs_time: float | None = None
         self._tripped = False
-        qos = QoSProfile(depth=self.cfg.qos_depth)
-        float64 = self.cfg.action_msg_type == "float64"
-        self._to_msg = to_float64_msg if float64 else to_float32_msg
-        self._action_pub = self.create_publisher(
-            Float64MultiArray if float64 else Float32MultiArray, "action", qos
-        )
-        self._status_pub = self.create_publisher(String, "~/status", qos)
-        self.create_subscription(Float32MultiArray, "observation", self._on_observation, qos)
+        self._qos = QoSProfile(depth=self.cfg.qos_depth)
+        self._steady = Clock(clock_type=ClockType.STEADY_TIME)
+        self._status_pub = self.create_publisher(String, "~/status", self._qos)
+        # Listening from the start: an e-stop pressed before activation holds it safe.
+        self.create_subscription(Bool, "estop", self._on_estop, self._qos)
         self.create_service(SetBool, "~/set_deterministic", self._srv_set_deterministic)
         self.add_on_set_parameters_callback(self._on_set_parameters)
-        steady = Clock(clock_type=ClockType.STEADY_TIME)
-        self.create_timer(min(0.1, self.cfg.obs_timeout / 2.0), self._watchdog, clock=steady)
-        self.create_timer(1.0, self._publish_status, clock=steady)
-        self.get_logger().info(
-            f"deploying {self.cfg.checkpoint} (iteration {checkpoint.iteration}): "
-            f"obs {self.model.obs_dim} -> action {self.model.action_dim}"
-        )
+        self.create_timer(1.0, self._publish_status, clock=self._steady)
 
-    def _action_settings(self, checkpoint: Checkpoint) -> ActionConfig:
-        """The training's action mapping from the checkpoint; a parameter given to this
-        node overrides its field, and the log shows both values (a scale or limit that
-        differs from training changes what the policy does)."""
-        given = read_config(self, ActionConfig)
-        trained = checkpoint.action_cfg
-        if trained is None:
-            self.get_logger().warning(
-                "the checkpoint does not say how the training mapped actions (written by an "
-                "older version): using this node's action_* and safe_action parameters"
+    def on_configure(self, state: LifecycleState) -> TransitionCallbackReturn:
+        try:
+            bundle = read_policy(self.cfg.checkpoint)
+            self.model = bundle.model()
+            self.actions = ActionMapper(
+                self._action_settings(bundle.actions), self.cfg.num_envs, self.model.action_dim
             )
-            return given
-        overridden = given_parameters(self)
-        values = {}
-        for field in fields(ActionConfig):
-            ours, theirs = getattr(given, field.name), getattr(trained, field.name)
-            if field.name in overridden and list(ours) != list(theirs):
-                self.get_logger().warning(
-                    f"{field.name} = {list(ours)} (parameter) overrides {list(theirs)} (the "
-                    "training's, from the checkpoint)"
-                )
-                values[field.name] = ours
-            else:
-                values[field.name] = theirs
-        return ActionConfig(**values)
+            self.guard = ActionGuard(self.safety_cfg, self.actions.safe)
+        except ValueError as error:
+            self.get_logger().error(f"cannot configure: {error}")
+            return TransitionCallbackReturn.FAILURE
+        self.sampler = PolicySampler(self.model, bundle.seed)
+        float64 = self.cfg.action_msg_type == "float64"
+        self._to_msg = to_float64_msg if float64 else to_float32_msg
+        self._action_pub = self.create_lifecycle_publisher(
+            Float64MultiArray if float64 else Float32MultiArray, "action", self._qos
+        )
+        self._obs_sub = self.create_subscription(
+            Float32MultiArray, "observation", self._on_observation, self._qos
+        )
+        self._watchdog_timer = self.create_timer(
+            min(0.1, self.cfg.obs_timeout / 2.0), self._watchdog, clock=self._steady
+        )
+        source = bundle.source
+        self.get_logger().info(
+            f"configured with {self.cfg.checkpoint} ({source.get('kind', 'bundle')} of "
+            f"iteration {source.get('iteration', '?')}): obs {self.model.obs_dim} -> action "
+            f"{self.model.action_dim}"
+        )
+        self.state = "inactive"
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self.guard.hold()
+        self._last_obs_time, self._tripped = None, False
+        self.state = "active"
+        self.get_logger().info("active: commanding the robot")
+        return super().on_activate(state)
+
+    def on_deactivate(self, state: LifecycleState) -> TransitionCallbackReturn:
+        # Published while the publisher is still enabled: the last command is the safe one.
+        self._publish(self.guard.hold())
+        self.state = "inactive"
+        self.get_logger().info("inactive: sent the safe action, commanding stopped")
+        return super().on_deactivate(state)
+
+    def on_cleanup(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self._release()
+        self.state = "unconfigured"
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_shutdown(self, state: LifecycleState) -> TransitionCallbackReturn:
+        if self.state == "active":
+            self._publish(self.guard.hold())
+            self.get_logger().info("shutting down: sent the safe action")
+        if self.state != "unconfigured":
+            self._release()
+        self.state = "finalized"
+        return TransitionCallbackReturn.SUCCESS
+
+    def _release(self) -> None:
+        """Drop what configure made: the publisher, subscription, timer and the policy."""
+        self.destroy_lifecycle_publisher(self._action_pub)
+        self.destroy_subscription(self._obs_sub)
+        self.destroy_timer(self._watchdog_timer)
+        del self.model, self.actions, self.guard, self.sampler
+
+    def destroy_node(self) -> None:
+        # A node stopped while commanding (a signal) leaves the robot at the safe action.
+        if self.state != "finalized" and self.context.ok():
+            self.trigger_shutdown()
+        super().destroy_node()
+
+    def _action_settings(self, trained: ActionConfig | None) -> ActionConfig:
+        """The training's action mapping; a parameter given to this node overrides its
+        field, and the log shows both values."""
+        settings, notes = override_actions(
+            trained, read_config(self, ActionConfig), given_parameters(self)
+        )
+        for note in notes:
+            self.get_logger().warning(note)
+        return settings
+
+    def _publish(self, actions: np.ndarray) -> None:
+        self._action_pub.publish(self._to_msg(actions, ("env", "action")))
+
+    def _on_estop(self, msg: Bool) -> None:
+        engaged = bool(msg.data)
+        if engaged == self.estopped:
+            return
+        self.estopped = engaged
+        if engaged:
+            self.counters["estops"] += 1
+            self.get_logger().warning("e-stop engaged: holding the safe action")
+            if self.state == "active":
+                self._publish(self.guard.hold())
+        else:
+            self.get_logger().warning("e-stop released: blending the policy back in")
 
     def _on_observation(self, msg: Float32MultiArray) -> None:
+        if self.state != "active":
+            return
         try:
             obs = read_matrix(
                 msg, self.cfg.num_envs, self.model.obs_dim, limit=self.cfg.observation_limit
@@ -147,21 +225,25 @@ class PolicyNode(Node):
             return
         self._last_obs_time = time.monotonic()
         self._tripped = False
+        if self.estopped:
+            self._publish(self.guard.hold())
+            return
         actions = self.actions(self.sampler(obs, self.cfg.deterministic))
-        if not np.isfinite(actions).all():
+        if np.isfinite(actions).all():
+            self._publish(self.guard(actions))
+        else:
             # Whatever the model holds, no NaN or Inf reaches the robot.
-            actions = self.actions.safe
+            self._publish(self.guard.hold())
             self.counters["nonfinite_actions"] += 1
             self.get_logger().error(
                 f"the policy gave a non-finite action ({self.counters['nonfinite_actions']} "
                 "so far): the safe action was sent instead",
                 throttle_duration_sec=5.0,
             )
-        self._action_pub.publish(self._to_msg(actions, ("env", "action")))
         self.counters["actions"] += 1
 
     def _watchdog(self) -> None:
-        if self._last_obs_time is None:
+        if self.state != "active" or self._last_obs_time is None:
             return
         if time.monotonic() - self._last_obs_time <= self.cfg.obs_timeout:
             return
@@ -170,7 +252,7 @@ class PolicyNode(Node):
             self.counters["watchdog_trips"] += 1
             self.get_logger().warning(f"no observation for {self.cfg.obs_timeout}s")
         if self.cfg.watchdog_safe_action:
-            self._action_pub.publish(self._to_msg(self.actions.safe, ("env", "action")))
+            self._publish(self.guard.hold())
 
     def _srv_set_deterministic(self, request: SetBool.Request, response: SetBool.Response) -> Any:
         # Through the parameter, so the service and `ros2 param get` always agree.
@@ -187,8 +269,8 @@ class PolicyNode(Node):
         return SetParametersResult(successful=True)
 
     def _publish_status(self) -> None:
-        state = "watchdog" if self._tripped else "deploying"
-        self._status_pub.publish(String(data=json.dumps({"state": state, **self.counters})))
+        status = {"state": self.state, "estop": self.estopped, "watchdog": self._tripped}
+        self._status_pub.publish(String(data=json.dumps({**status, **self.counters})))
 
 
 def main(args: list[str] | None = None) -> None:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Collection
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 
@@ -25,12 +26,12 @@ class ActionMapper:
     """Turns policy outputs (num_envs, action_dim) into clipped commands."""
 
     def __init__(self, cfg: ActionConfig, num_envs: int, action_dim: int) -> None:
-        self.scale = _per_dim("action_scale", cfg.action_scale, action_dim)
-        self.low = _per_dim("action_low", cfg.action_low, action_dim)
-        self.high = _per_dim("action_high", cfg.action_high, action_dim)
+        self.scale = per_dim("action_scale", cfg.action_scale, action_dim)
+        self.low = per_dim("action_low", cfg.action_low, action_dim)
+        self.high = per_dim("action_high", cfg.action_high, action_dim)
         if np.any(self.low > self.high):
             raise ValueError("action_low must not exceed action_high")
-        safe = _per_dim("safe_action", cfg.safe_action, action_dim)
+        safe = per_dim("safe_action", cfg.safe_action, action_dim)
         if np.any(safe < self.low) or np.any(safe > self.high):
             raise ValueError("safe_action must lie within action_low..action_high")
         self.safe = np.tile(safe, (num_envs, 1))
@@ -52,7 +53,29 @@ class ActionMapper:
         return np.clip(policy_actions * self.scale, self.low, self.high).astype(np.float32)
 
 
-def _per_dim(name: str, values: list[float], action_dim: int) -> np.ndarray:
+def override_actions(
+    trained: ActionConfig | None, given: ActionConfig, overridden: Collection[str]
+) -> tuple[ActionConfig, list[str]]:
+    """The training's action mapping with the fields named in ``overridden`` taken from
+    ``given``, and one message per field that changes (a scale or limit other than the
+    training's changes what the policy does, so it is said with both values)."""
+    if trained is None:
+        return given, [
+            "the policy does not say how the training mapped actions (written by an older "
+            "version): using the action_* and safe_action given here"
+        ]
+    values, notes = {}, []
+    for item in fields(ActionConfig):
+        ours, theirs = list(getattr(given, item.name)), list(getattr(trained, item.name))
+        if item.name in overridden and ours != theirs:
+            notes.append(f"{item.name} = {ours} (given) overrides {theirs} (the training's)")
+            values[item.name] = ours
+        else:
+            values[item.name] = theirs
+    return ActionConfig(**values), notes
+
+
+def per_dim(name: str, values: list[float], action_dim: int) -> np.ndarray:
     array = np.asarray(values, np.float32).reshape(-1)
     if not np.all(np.isfinite(array)):
         raise ValueError(f"{name} must be finite")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import asdict, fields
 from importlib import metadata as importlib_metadata
 from pathlib import Path
@@ -22,6 +21,7 @@ from mlx.utils import tree_flatten, tree_unflatten
 
 from unilab_ros.rl.actions import ActionConfig
 from unilab_ros.rl.agent import AgentConfig, PPOAgent
+from unilab_ros.rl.files import write_atomically
 from unilab_ros.rl.model import MLPActorCritic, ModelConfig
 from unilab_ros.rl.ppo import PPOConfig
 
@@ -33,7 +33,8 @@ class CheckpointError(ValueError):
     """A checkpoint file is missing, unreadable, or does not fit the agent."""
 
 
-def _versions() -> dict[str, str]:
+def package_versions() -> dict[str, str]:
+    """The versions of the packages that decide what a saved file holds."""
     versions = {}
     for package in ("unilab_ros", "mlx", "numpy"):
         try:
@@ -44,24 +45,9 @@ def _versions() -> dict[str, str]:
 
 
 def _write_atomically(path: Path, arrays: dict[str, mx.array], meta: dict[str, str]) -> Path:
-    """Write to a temporary file in the same folder, fsync, then rename over ``path``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=SUFFIX, dir=path.parent)
-    os.close(fd)
-    tmp = Path(tmp_name)
-    try:
-        mx.save_safetensors(str(tmp), arrays, metadata=meta)
-        with open(tmp, "rb+") as handle:
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-    return path
+    return write_atomically(
+        path, lambda tmp: mx.save_safetensors(str(tmp), arrays, metadata=meta)
+    )
 
 
 def remove_stale_temporaries(folder: str | os.PathLike[str]) -> list[Path]:
@@ -92,7 +78,7 @@ def _metadata(
         "ppo": json.dumps(asdict(agent.ppo_cfg)),
         "iteration": str(agent.iteration),
         "env_steps": str(agent.env_steps),
-        "versions": json.dumps(_versions()),
+        "versions": json.dumps(package_versions()),
         "extra": json.dumps(extra or {}),
     }
 

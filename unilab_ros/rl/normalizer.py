@@ -22,6 +22,16 @@ class RunningNormalizer(nn.Module):
         self._clip = clip
         self.freeze()
 
+    @property
+    def epsilon(self) -> float:
+        """Added to the variance before its square root."""
+        return self._epsilon
+
+    @property
+    def clip(self) -> float:
+        """Normalized values are clipped to +-this."""
+        return self._clip
+
     def __call__(self, x: mx.array) -> mx.array:
         z = (x - self.mean) * mx.rsqrt(self.var + self._epsilon)
         return mx.clip(z, -self._clip, self._clip)
