@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from unilab_ros.action_output import ActionOutputConfig
 from unilab_ros.gym_env_node import GymEnvParams
 from unilab_ros.policy_node import PolicyNodeConfig
 from unilab_ros.rl.actions import ActionConfig, ActionMapper
@@ -19,6 +20,8 @@ from unilab_ros.rl.agent import AgentConfig
 from unilab_ros.rl.model import ModelConfig
 from unilab_ros.rl.ppo import PPOConfig
 from unilab_ros.trainer_config import TrainerNodeConfig
+from unilab_ros.training_loop import LoopConfig
+from unilab_ros.watchdog import WatchdogConfig
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "config"
 YAML_FILES = sorted(CONFIG_DIR.glob("*.yaml"))
@@ -27,11 +30,19 @@ NODE_CONFIGS: dict[str, list[tuple[str, type]]] = {
     "unilab_trainer": [
         ("", AgentConfig),
         ("", ActionConfig),
+        ("", LoopConfig),
+        ("", WatchdogConfig),
+        ("", ActionOutputConfig),
         ("", TrainerNodeConfig),
         ("model.", ModelConfig),
         ("ppo.", PPOConfig),
     ],
-    "unilab_policy": [("", PolicyNodeConfig), ("", ActionConfig)],
+    "unilab_policy": [
+        ("", PolicyNodeConfig),
+        ("", WatchdogConfig),
+        ("", ActionOutputConfig),
+        ("", ActionConfig),
+    ],
     "gym_env": [("", GymEnvParams)],
 }
 BUILT_IN = {"use_sim_time": bool}

@@ -18,11 +18,12 @@ from rclpy.clock import Clock, ClockType
 from rclpy.node import Node
 from rclpy.parameter import Parameter
 from rclpy.qos import QoSProfile
-from std_msgs.msg import Float32MultiArray, Float64MultiArray, String
+from std_msgs.msg import Float32MultiArray, String
 from std_srvs.srv import SetBool
 
+from unilab_ros.action_output import ActionOutput, ActionOutputConfig
 from unilab_ros.executors import run_node
-from unilab_ros.messages import MessageError, read_matrix, to_float32_msg, to_float64_msg
+from unilab_ros.messages import MessageError, read_matrix
 from unilab_ros.params import (
     ConfigError,
     declare_config,
@@ -33,7 +34,7 @@ from unilab_ros.params import (
 from unilab_ros.rl.actions import ActionConfig, ActionMapper
 from unilab_ros.rl.checkpoint import Checkpoint, CheckpointError, load_policy
 from unilab_ros.rl.policy import PolicySampler
-from unilab_ros.trainer_config import ACTION_MSG_TYPES
+from unilab_ros.watchdog import Watchdog, WatchdogConfig
 
 NODE_NAME = "unilab_policy"
 
@@ -46,14 +47,8 @@ class PolicyNodeConfig:
     """Training checkpoint or policy export to run (required)."""
     num_envs: int = 1
     """Rows of the observation and action messages."""
-    obs_timeout: float = 0.2
-    """Seconds (steady clock) without an observation before the safe action is sent."""
-    watchdog_safe_action: bool = True
-    """The watchdog publishes the safe action (else it only reports)."""
     deterministic: bool = True
     """Publish the mean action (else sample from the policy)."""
-    action_msg_type: str = "float32"
-    """float32 or float64 (ros2_control's forward_command_controller)."""
     qos_depth: int = 10
     """History depth of the topics."""
     observation_limit: float = 1e6
@@ -62,21 +57,24 @@ class PolicyNodeConfig:
     def validate(self) -> None:
         if not self.checkpoint:
             raise ValueError("checkpoint must name a checkpoint file")
-        if self.num_envs < 1 or self.qos_depth < 1 or self.obs_timeout <= 0.0:
-            raise ValueError("num_envs, qos_depth and obs_timeout must be positive")
+        if self.num_envs < 1 or self.qos_depth < 1:
+            raise ValueError("num_envs and qos_depth must be positive")
         if not self.observation_limit > 0.0:
             raise ValueError("observation_limit must be positive")
-        if self.action_msg_type not in ACTION_MSG_TYPES:
-            raise ValueError(f"action_msg_type must be one of {ACTION_MSG_TYPES}")
 
 
 class PolicyNode(Node):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(NODE_NAME, **kwargs)
         declare_config(self, PolicyNodeConfig(), live={"deterministic"})
+        # A deployed robot reacts to a silence faster than a training run.
+        declare_config(self, WatchdogConfig(obs_timeout=0.2))
+        declare_config(self, ActionOutputConfig())
         declare_config(self, ActionConfig())
         warn_unknown_parameters(self)
         self.cfg = read_config(self, PolicyNodeConfig)
+        self.watchdog = Watchdog(read_config(self, WatchdogConfig))
+        output_cfg = read_config(self, ActionOutputConfig)
         try:
             self.model, checkpoint = load_policy(self.cfg.checkpoint)
             self.actions = ActionMapper(
@@ -88,20 +86,14 @@ class PolicyNode(Node):
         self.counters = {
             "actions": 0, "rejected_observations": 0, "watchdog_trips": 0, "nonfinite_actions": 0
         }
-        self._last_obs_time: float | None = None
-        self._tripped = False
         qos = QoSProfile(depth=self.cfg.qos_depth)
-        float64 = self.cfg.action_msg_type == "float64"
-        self._to_msg = to_float64_msg if float64 else to_float32_msg
-        self._action_pub = self.create_publisher(
-            Float64MultiArray if float64 else Float32MultiArray, "action", qos
-        )
+        self._action_out = ActionOutput(self, output_cfg, qos)
         self._status_pub = self.create_publisher(String, "~/status", qos)
         self.create_subscription(Float32MultiArray, "observation", self._on_observation, qos)
         self.create_service(SetBool, "~/set_deterministic", self._srv_set_deterministic)
         self.add_on_set_parameters_callback(self._on_set_parameters)
         steady = Clock(clock_type=ClockType.STEADY_TIME)
-        self.create_timer(min(0.1, self.cfg.obs_timeout / 2.0), self._watchdog, clock=steady)
+        self.create_timer(self.watchdog.period, self._watchdog, clock=steady)
         self.create_timer(1.0, self._publish_status, clock=steady)
         self.get_logger().info(
             f"deploying {self.cfg.checkpoint} (iteration {checkpoint.iteration}): "
@@ -145,8 +137,7 @@ class PolicyNode(Node):
                 f"rejected observation: {error.reason}", throttle_duration_sec=5.0
             )
             return
-        self._last_obs_time = time.monotonic()
-        self._tripped = False
+        self.watchdog.observed(time.monotonic())
         actions = self.actions(self.sampler(obs, self.cfg.deterministic))
         if not np.isfinite(actions).all():
             # Whatever the model holds, no NaN or Inf reaches the robot.
@@ -157,20 +148,18 @@ class PolicyNode(Node):
                 "so far): the safe action was sent instead",
                 throttle_duration_sec=5.0,
             )
-        self._action_pub.publish(self._to_msg(actions, ("env", "action")))
+        self._action_out.publish(actions)
         self.counters["actions"] += 1
 
     def _watchdog(self) -> None:
-        if self._last_obs_time is None:
+        silence = self.watchdog.check(time.monotonic())
+        if silence is None:
             return
-        if time.monotonic() - self._last_obs_time <= self.cfg.obs_timeout:
-            return
-        if not self._tripped:
-            self._tripped = True
+        if silence.first:
             self.counters["watchdog_trips"] += 1
-            self.get_logger().warning(f"no observation for {self.cfg.obs_timeout}s")
-        if self.cfg.watchdog_safe_action:
-            self._action_pub.publish(self._to_msg(self.actions.safe, ("env", "action")))
+            self.get_logger().warning(f"no observation for {self.watchdog.cfg.obs_timeout}s")
+        if silence.publish_safe:
+            self._action_out.publish(self.actions.safe)
 
     def _srv_set_deterministic(self, request: SetBool.Request, response: SetBool.Response) -> Any:
         # Through the parameter, so the service and `ros2 param get` always agree.
@@ -187,7 +176,7 @@ class PolicyNode(Node):
         return SetParametersResult(successful=True)
 
     def _publish_status(self) -> None:
-        state = "watchdog" if self._tripped else "deploying"
+        state = "watchdog" if self.watchdog.tripped else "deploying"
         self._status_pub.publish(String(data=json.dumps({"state": state, **self.counters})))
 
 
