@@ -165,8 +165,8 @@ def build_ours(size: Size, data_path: Path) -> Callable[[], Any]:
     )
     for _ in range(size.num_steps):
         t = buffer.step
-        buffer.add(data["obs"][t], data["actions"][t], None, None, None,
-                   data["rewards"][t], data["dones"][t], None)
+        buffer.add(obs=data["obs"][t], actions=data["actions"][t],
+                   rewards=data["rewards"][t], dones=data["dones"][t])
     buffer.set_policy_outputs(data["log_probs"], data["mean"], data["std"], data["values"])
     last_obs = mx.array(data["last_obs"])
 

@@ -12,15 +12,15 @@ def fill(buffer: RolloutBuffer, rewards, values, dones, obs=None) -> None:
     steps, envs = np.shape(rewards)
     for t in range(steps):
         buffer.add(
-            np.zeros((envs, buffer.obs_dim)) if obs is None else obs[t],
-            np.zeros((envs, buffer.action_dim)),
-            np.zeros(envs),
-            np.zeros((envs, buffer.action_dim)),
-            np.ones(buffer.action_dim),
-            rewards[t],
-            dones[t],
-            values[t],
+            obs=np.zeros((envs, buffer.obs_dim)) if obs is None else obs[t],
+            actions=np.zeros((envs, buffer.action_dim)),
+            rewards=rewards[t],
+            dones=dones[t],
+            log_probs=np.zeros(envs),
+            mean=np.zeros((envs, buffer.action_dim)),
+            std=np.ones(buffer.action_dim),
         )
+        buffer.values[buffer.step - 1] = values[t]
 
 
 def reference_gae(rewards, values, dones, last_values, gamma, lam):
@@ -132,14 +132,10 @@ def test_set_policy_outputs_fills_every_stored_step():
     buffer = RolloutBuffer(steps, envs, obs_dim=4, action_dim=action_dim, gamma=0.9, lam=0.9)
     for _ in range(steps):
         buffer.add(
-            rng.normal(size=(envs, 4)),
-            rng.normal(size=(envs, action_dim)),
-            None,
-            None,
-            None,
-            np.zeros(envs),
-            np.zeros(envs),
-            None,
+            obs=rng.normal(size=(envs, 4)),
+            actions=rng.normal(size=(envs, action_dim)),
+            rewards=np.zeros(envs),
+            dones=np.zeros(envs),
         )
     log_probs = rng.normal(size=(steps * envs,)).astype(np.float32)
     means = rng.normal(size=(steps * envs, action_dim)).astype(np.float32)

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from unilab_ros.action_output import ActionOutputConfig
 from unilab_ros.action_safety import ActionSafetyConfig
 from unilab_ros.gym_env_node import GymEnvParams
 from unilab_ros.policy_node import PolicyNodeConfig
@@ -20,6 +21,8 @@ from unilab_ros.rl.agent import AgentConfig
 from unilab_ros.rl.model import ModelConfig
 from unilab_ros.rl.ppo import PPOConfig
 from unilab_ros.trainer_config import TrainerNodeConfig
+from unilab_ros.training_loop import LoopConfig
+from unilab_ros.watchdog import WatchdogConfig
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "config"
 YAML_FILES = sorted(CONFIG_DIR.glob("*.yaml"))
@@ -28,11 +31,20 @@ NODE_CONFIGS: dict[str, list[tuple[str, type]]] = {
     "unilab_trainer": [
         ("", AgentConfig),
         ("", ActionConfig),
+        ("", LoopConfig),
+        ("", WatchdogConfig),
+        ("", ActionOutputConfig),
         ("", TrainerNodeConfig),
         ("model.", ModelConfig),
         ("ppo.", PPOConfig),
     ],
-    "unilab_policy": [("", PolicyNodeConfig), ("", ActionConfig), ("", ActionSafetyConfig)],
+    "unilab_policy": [
+        ("", PolicyNodeConfig),
+        ("", WatchdogConfig),
+        ("", ActionOutputConfig),
+        ("", ActionConfig),
+        ("", ActionSafetyConfig),
+    ],
     "gym_env": [("", GymEnvParams)],
 }
 BUILT_IN = {"use_sim_time": bool}

@@ -122,7 +122,7 @@ def evaluate(trainer: TrainerNode, episodes: int = 16) -> float:
     try:
         obs, totals, finished = sim.reset(), np.zeros(episodes), np.zeros(episodes, bool)
         while not finished.all():
-            step = sim.step(trainer.actions(trainer.agent.act(obs, deterministic=True)))
+            step = sim.step(trainer.loop.actions(trainer.agent.act(obs, deterministic=True)))
             totals += np.where(finished, 0.0, step.reward)
             finished |= step.done != 0
             obs = step.observation
@@ -161,7 +161,7 @@ def test_faults_on_the_wire_break_nothing_and_learning_goes_on(context, tmp_path
         sim_executor.shutdown()
         thread.join(timeout=10.0)
     elapsed = time.monotonic() - started
-    counters = {**trainer.sync.counters, **trainer.counters}
+    counters = {**trainer.loop.sync.counters, **trainer.counters}
     report = f"after {elapsed:.0f} s: {relay.faults}, trainer {counters}"
     assert finished, report
     actions = np.concatenate(relay.actions)

@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 
 from unilab_ros.rl.activations import ACTIVATIONS
-from unilab_ros.rl.distributions import diag_gaussian_log_prob
 from unilab_ros.rl.model import MLPActorCritic, ModelConfig
 
 OBS_DIM, ACTION_DIM, BATCH = 5, 3, 7
@@ -34,22 +33,6 @@ def test_output_shapes():
     assert mean.shape == std.shape == log_std.shape == (BATCH, ACTION_DIM)
     assert model.value(obs).shape == (BATCH,)
     assert model.policy(obs).shape == (BATCH, ACTION_DIM)
-    assert model.sample(obs).shape == (BATCH, ACTION_DIM)
-    out = model.act(obs)
-    assert out.actions.shape == out.mean.shape == out.std.shape == (BATCH, ACTION_DIM)
-    assert out.log_probs.shape == out.values.shape == (BATCH,)
-
-
-def test_act_is_consistent_with_the_distribution():
-    model = make_model()
-    obs = observations()
-    out = model.act(obs)
-    mean, std, log_std = model.distribution_params(obs)
-    np.testing.assert_allclose(np.array(out.mean), np.array(mean), rtol=1e-6)
-    np.testing.assert_allclose(np.array(out.std), np.array(std), rtol=1e-6)
-    np.testing.assert_allclose(np.array(out.values), np.array(model.value(obs)), rtol=1e-6)
-    expected = diag_gaussian_log_prob(out.actions, mean, log_std)
-    np.testing.assert_allclose(np.array(out.log_probs), np.array(expected), rtol=1e-5)
 
 
 def test_deterministic_policy_is_the_mean():
@@ -58,15 +41,6 @@ def test_deterministic_policy_is_the_mean():
     np.testing.assert_array_equal(
         np.array(model.policy(obs)), np.array(model.distribution_params(obs)[0])
     )
-
-
-def test_samples_follow_mean_and_std():
-    model = make_model(init_noise_std=0.5)
-    obs = mx.broadcast_to(observations(1), (20_000, OBS_DIM))
-    samples = np.array(model.sample(obs))
-    mean = np.array(model.policy(obs[:1]))[0]
-    np.testing.assert_allclose(samples.mean(axis=0), mean, atol=0.02)
-    np.testing.assert_allclose(samples.std(axis=0), 0.5, rtol=0.03)
 
 
 def assert_orthogonal(weight: mx.array, gain: float) -> None:

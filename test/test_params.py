@@ -19,6 +19,8 @@ from unilab_ros.rl.agent import AgentConfig
 from unilab_ros.rl.model import ModelConfig
 from unilab_ros.rl.ppo import PPOConfig
 from unilab_ros.trainer_config import TrainerNodeConfig
+from unilab_ros.training_loop import LoopConfig
+from unilab_ros.watchdog import WatchdogConfig
 
 pytestmark = pytest.mark.ros
 
@@ -49,6 +51,8 @@ def test_defaults_round_trip_for_every_config(make_node):
     configs = [
         (AgentConfig(), ""),
         (ActionConfig(), ""),
+        (LoopConfig(), ""),
+        (WatchdogConfig(), ""),
         (TrainerNodeConfig(), ""),
         (ModelConfig(), "model"),
         (PPOConfig(), "ppo"),
@@ -130,8 +134,9 @@ def test_a_list_of_the_wrong_element_type_names_the_list_type(make_node):
     [
         ({"model.activation": "foo"}, ModelConfig(), "model", "activation 'foo' unknown"),
         ({"num_envs": -1}, AgentConfig(), "", "num_envs must be >= 1"),
-        ({"update_trigger": "never"}, TrainerNodeConfig(), "", "update_trigger"),
-        ({"step_timeout": 0.0}, TrainerNodeConfig(), "", "step_timeout"),
+        ({"update_trigger": "never"}, LoopConfig(), "", "update_trigger"),
+        ({"step_timeout": 0.0}, LoopConfig(), "", "step_timeout"),
+        ({"obs_timeout": 0.0}, WatchdogConfig(), "", "obs_timeout"),
     ],
 )
 def test_validate_failures_become_config_errors(make_node, overrides, config, prefix, match):
@@ -145,7 +150,7 @@ def test_validate_failures_become_config_errors(make_node, overrides, config, pr
 def test_field_docstrings_are_the_parameter_descriptions(make_node):
     node = make_node()
     declare_config(node, PPOConfig(), "ppo")
-    declare_config(node, TrainerNodeConfig())
+    declare_config(node, LoopConfig())
     docs = field_docs(PPOConfig)
     assert docs["learning_rate"].startswith("Adam learning rate")
     for field in dataclasses.fields(PPOConfig):
@@ -175,7 +180,7 @@ def test_declared_types_follow_the_defaults(make_node):
 
 def test_live_fields_are_declared_writable_and_say_so(make_node):
     node = make_node()
-    declare_config(node, TrainerNodeConfig(), live={"training"})
+    declare_config(node, LoopConfig(), live={"training"})
     training = node.describe_parameter("training")
     assert not training.read_only and training.description.endswith("(may be set while running)")
     assert node.describe_parameter("step_timeout").read_only
@@ -183,5 +188,5 @@ def test_live_fields_are_declared_writable_and_say_so(make_node):
 
 def test_unknown_parameter_names_are_listed(make_node):
     node = make_node(**{"step_timout": 2.0, "step_timeout": 2.0})
-    declare_config(node, TrainerNodeConfig())
+    declare_config(node, LoopConfig())
     assert unknown_parameters(node) == ["step_timout"]

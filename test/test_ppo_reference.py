@@ -64,8 +64,8 @@ def filled_buffer(model: MLPActorCritic, seed: int = 0) -> RolloutBuffer:
     for t in range(NUM_STEPS):
         rows = slice(t * NUM_ENVS, (t + 1) * NUM_ENVS)
         dones = np.where(rng.random(NUM_ENVS) < 0.15, TERMINATED, 0)
-        buffer.add(obs[t], np.array(actions[rows]), None, None, None,
-                   rng.normal(size=NUM_ENVS), dones, None)
+        buffer.add(obs=obs[t], actions=np.array(actions[rows]),
+                   rewards=rng.normal(size=NUM_ENVS), dones=dones)
     shape = (NUM_STEPS, NUM_ENVS)
     buffer.set_policy_outputs(
         np.array(log_probs).reshape(shape) + rng.normal(0.0, 0.3, shape),

@@ -86,7 +86,7 @@ def filled_buffer(
     actions_np = np.array(actions).reshape(*shape, ACTION_DIM)
     for t in range(num_steps):
         buffer.add(
-            obs[t], actions_np[t], None, None, None, rng.normal(size=num_envs), dones[t], None
+            obs=obs[t], actions=actions_np[t], rewards=rng.normal(size=num_envs), dones=dones[t]
         )
     buffer.set_policy_outputs(log_probs, old_mean, std, values)
     buffer.compute_returns_and_advantages(rng.normal(size=num_envs))

@@ -5,7 +5,7 @@ import itertools
 import numpy as np
 import pytest
 
-from unilab_ros.stepper import Counter, StepSync, Transition
+from unilab_ros.stepper import Counter, SegmentStart, StepSync, Transition
 
 TIMEOUT = 1.0
 OBS = np.array([[0.1, 0.2, 0.3], [0.4, 0.5, 0.6]], np.float32)
@@ -18,7 +18,9 @@ NEXT_OBS = OBS + 1.0
 def started(stamp: int = 100, now: float = 10.0) -> StepSync:
     """A synchroniser with one action outstanding for OBS received at ``stamp``."""
     sync = StepSync(TIMEOUT)
-    assert sync.on_observation(OBS, stamp) is OBS, "a first observation starts a segment"
+    start = sync.on_observation(OBS, stamp)
+    assert isinstance(start, SegmentStart), "a first observation starts a segment"
+    assert start.obs is OBS and start.stamp == stamp
     sync.action_sent(OBS, ACTION, stamp, now)
     assert sync.awaiting_step
     return sync
@@ -49,7 +51,7 @@ def test_any_order_of_the_three_parts_completes_the_step(order):
     np.testing.assert_array_equal(transition.done, DONE)
     np.testing.assert_array_equal(transition.next_obs, NEXT_OBS)
     assert not sync.awaiting_step
-    assert sync.last_obs_stamp == 101 + order.index("obs")
+    assert transition.next_obs_stamp == 101 + order.index("obs")
     assert counts(sync) == {Counter.COMPLETED.value: 1}
 
 
@@ -58,7 +60,7 @@ def test_steps_chain_the_next_observation_into_the_next_action():
     sync.on_reward(REWARD, 101)
     sync.on_done(DONE, 102)
     first = sync.on_observation(NEXT_OBS, 103)
-    sync.action_sent(first.next_obs, ACTION, sync.last_obs_stamp, 11.0)
+    sync.action_sent(first.next_obs, ACTION, first.next_obs_stamp, 11.0)
     sync.on_observation(NEXT_OBS + 1.0, 104)
     sync.on_done(DONE, 105)
     second = sync.on_reward(REWARD, 106)
@@ -81,7 +83,8 @@ def test_a_missing_reward_expires_at_the_deadline_and_is_counted():
     assert sync.on_reward(REWARD, 103) is None
     assert sync.counters[Counter.STALE.value] == 1
     # The next observation starts a fresh segment.
-    assert sync.on_observation(NEXT_OBS, 104) is NEXT_OBS
+    start = sync.on_observation(NEXT_OBS, 104)
+    assert isinstance(start, SegmentStart) and start.obs is NEXT_OBS
 
 
 @pytest.mark.parametrize("part", ["reward", "done"])
@@ -132,6 +135,14 @@ def test_a_republished_first_observation_is_a_duplicate_not_the_next_one():
     sync.on_done(DONE, 152)
     transition = sync.on_observation(NEXT_OBS, 153)
     np.testing.assert_array_equal(transition.next_obs, NEXT_OBS)
+
+
+def test_drop_forgets_the_outstanding_step_and_counts_it():
+    sync = started(stamp=100)
+    assert sync.drop()
+    assert not sync.awaiting_step
+    assert not sync.drop(), "nothing outstanding: nothing to drop"
+    assert counts(sync) == {Counter.DROPPED.value: 1}
 
 
 def test_reset_forgets_the_outstanding_step():

@@ -22,12 +22,13 @@ from rclpy.clock import Clock, ClockType
 from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
 from rclpy.parameter import Parameter
 from rclpy.qos import QoSProfile
-from std_msgs.msg import Bool, Float32MultiArray, Float64MultiArray, String
+from std_msgs.msg import Bool, Float32MultiArray, String
 from std_srvs.srv import SetBool
 
+from unilab_ros.action_output import ActionOutput, ActionOutputConfig
 from unilab_ros.action_safety import ActionGuard, ActionSafetyConfig
 from unilab_ros.executors import run_node
-from unilab_ros.messages import MessageError, read_matrix, to_float32_msg, to_float64_msg
+from unilab_ros.messages import MessageError, read_matrix
 from unilab_ros.params import (
     ConfigError,
     declare_config,
@@ -39,7 +40,7 @@ from unilab_ros.rl.actions import ActionConfig, ActionMapper, override_actions
 from unilab_ros.rl.bundle import read_policy
 from unilab_ros.rl.model import MLPActorCritic
 from unilab_ros.rl.policy import PolicySampler
-from unilab_ros.trainer_config import ACTION_MSG_TYPES
+from unilab_ros.watchdog import Watchdog, WatchdogConfig
 
 NODE_NAME = "unilab_policy"
 
@@ -53,14 +54,8 @@ class PolicyNodeConfig:
     (required; loaded on configure)."""
     num_envs: int = 1
     """Rows of the observation and action messages."""
-    obs_timeout: float = 0.2
-    """Seconds (steady clock) without an observation before the safe action is sent."""
-    watchdog_safe_action: bool = True
-    """The watchdog publishes the safe action (else it only reports)."""
     deterministic: bool = True
     """Publish the mean action (else sample from the policy)."""
-    action_msg_type: str = "float32"
-    """float32 or float64 (ros2_control's forward_command_controller)."""
     qos_depth: int = 10
     """History depth of the topics."""
     observation_limit: float = 1e6
@@ -69,12 +64,10 @@ class PolicyNodeConfig:
     def validate(self) -> None:
         if not self.checkpoint:
             raise ValueError("checkpoint must name a policy bundle or checkpoint file")
-        if self.num_envs < 1 or self.qos_depth < 1 or self.obs_timeout <= 0.0:
-            raise ValueError("num_envs, qos_depth and obs_timeout must be positive")
+        if self.num_envs < 1 or self.qos_depth < 1:
+            raise ValueError("num_envs and qos_depth must be positive")
         if not self.observation_limit > 0.0:
             raise ValueError("observation_limit must be positive")
-        if self.action_msg_type not in ACTION_MSG_TYPES:
-            raise ValueError(f"action_msg_type must be one of {ACTION_MSG_TYPES}")
 
 
 class PolicyNode(LifecycleNode):
@@ -90,18 +83,21 @@ class PolicyNode(LifecycleNode):
         """The lifecycle state this node last reached (set before anything can fail: the
         context destroys a node whose construction raised, and ``destroy_node`` reads it)."""
         declare_config(self, PolicyNodeConfig(), live={"deterministic"})
+        # A deployed robot reacts to a silence faster than a training run.
+        declare_config(self, WatchdogConfig(obs_timeout=0.2))
+        declare_config(self, ActionOutputConfig())
         declare_config(self, ActionConfig())
         declare_config(self, ActionSafetyConfig())
         warn_unknown_parameters(self)
         self.cfg = read_config(self, PolicyNodeConfig)
         self.safety_cfg = read_config(self, ActionSafetyConfig)
+        self.output_cfg = read_config(self, ActionOutputConfig)
+        self.watchdog = Watchdog(read_config(self, WatchdogConfig))
         self.counters = {
             "actions": 0, "rejected_observations": 0, "watchdog_trips": 0,
             "nonfinite_actions": 0, "estops": 0,
         }
         self.estopped = False
-        self._last_obs_time: float | None = None
-        self._tripped = False
         self._qos = QoSProfile(depth=self.cfg.qos_depth)
         self._steady = Clock(clock_type=ClockType.STEADY_TIME)
         self._status_pub = self.create_publisher(String, "~/status", self._qos)
@@ -123,16 +119,12 @@ class PolicyNode(LifecycleNode):
             self.get_logger().error(f"cannot configure: {error}")
             return TransitionCallbackReturn.FAILURE
         self.sampler = PolicySampler(self.model, bundle.seed)
-        float64 = self.cfg.action_msg_type == "float64"
-        self._to_msg = to_float64_msg if float64 else to_float32_msg
-        self._action_pub = self.create_lifecycle_publisher(
-            Float64MultiArray if float64 else Float32MultiArray, "action", self._qos
-        )
+        self._action_out = ActionOutput(self, self.output_cfg, self._qos)
         self._obs_sub = self.create_subscription(
             Float32MultiArray, "observation", self._on_observation, self._qos
         )
         self._watchdog_timer = self.create_timer(
-            min(0.1, self.cfg.obs_timeout / 2.0), self._watchdog, clock=self._steady
+            self.watchdog.period, self._watchdog, clock=self._steady
         )
         source = bundle.source
         self.get_logger().info(
@@ -145,7 +137,7 @@ class PolicyNode(LifecycleNode):
 
     def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
         self.guard.hold()
-        self._last_obs_time, self._tripped = None, False
+        self.watchdog.reset()
         self.state = "active"
         self.get_logger().info("active: commanding the robot")
         return super().on_activate(state)
@@ -173,7 +165,7 @@ class PolicyNode(LifecycleNode):
 
     def _release(self) -> None:
         """Drop what configure made: the publisher, subscription, timer and the policy."""
-        self.destroy_lifecycle_publisher(self._action_pub)
+        self._action_out.destroy()
         self.destroy_subscription(self._obs_sub)
         self.destroy_timer(self._watchdog_timer)
         del self.model, self.actions, self.guard, self.sampler
@@ -195,7 +187,7 @@ class PolicyNode(LifecycleNode):
         return settings
 
     def _publish(self, actions: np.ndarray) -> None:
-        self._action_pub.publish(self._to_msg(actions, ("env", "action")))
+        self._action_out.publish(actions)
 
     def _on_estop(self, msg: Bool) -> None:
         engaged = bool(msg.data)
@@ -223,8 +215,7 @@ class PolicyNode(LifecycleNode):
                 f"rejected observation: {error.reason}", throttle_duration_sec=5.0
             )
             return
-        self._last_obs_time = time.monotonic()
-        self._tripped = False
+        self.watchdog.observed(time.monotonic())
         if self.estopped:
             self._publish(self.guard.hold())
             return
@@ -243,15 +234,13 @@ class PolicyNode(LifecycleNode):
         self.counters["actions"] += 1
 
     def _watchdog(self) -> None:
-        if self.state != "active" or self._last_obs_time is None:
+        silence = self.watchdog.check(time.monotonic()) if self.state == "active" else None
+        if silence is None:
             return
-        if time.monotonic() - self._last_obs_time <= self.cfg.obs_timeout:
-            return
-        if not self._tripped:
-            self._tripped = True
+        if silence.first:
             self.counters["watchdog_trips"] += 1
-            self.get_logger().warning(f"no observation for {self.cfg.obs_timeout}s")
-        if self.cfg.watchdog_safe_action:
+            self.get_logger().warning(f"no observation for {self.watchdog.cfg.obs_timeout}s")
+        if silence.publish_safe:
             self._publish(self.guard.hold())
 
     def _srv_set_deterministic(self, request: SetBool.Request, response: SetBool.Response) -> Any:
@@ -269,7 +258,7 @@ class PolicyNode(LifecycleNode):
         return SetParametersResult(successful=True)
 
     def _publish_status(self) -> None:
-        status = {"state": self.state, "estop": self.estopped, "watchdog": self._tripped}
+        status = {"state": self.state, "estop": self.estopped, "watchdog": self.watchdog.tripped}
         self._status_pub.publish(String(data=json.dumps({**status, **self.counters})))
 
 

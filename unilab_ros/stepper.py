@@ -31,7 +31,15 @@ class Counter(str, Enum):
     DUPLICATE = "duplicate_messages"
 
 
-@dataclass
+@dataclass(frozen=True)
+class SegmentStart:
+    """An observation with no action outstanding: act on it."""
+
+    obs: np.ndarray
+    stamp: int
+
+
+@dataclass(frozen=True)
 class Transition:
     """One completed step of every env."""
 
@@ -40,6 +48,8 @@ class Transition:
     reward: np.ndarray
     done: np.ndarray
     next_obs: np.ndarray
+    next_obs_stamp: int
+    """Reception stamp of ``next_obs`` (the next action answers it)."""
 
 
 @dataclass
@@ -60,8 +70,6 @@ class StepSync:
 
     step_timeout: float
     counters: dict[str, int] = field(default_factory=lambda: {c.value: 0 for c in Counter})
-    last_obs_stamp: int = 0
-    """Reception stamp of the latest completed step's next observation."""
     _pending: _Pending | None = None
 
     @property
@@ -73,12 +81,12 @@ class StepSync:
         """Forget the outstanding step (e.g. around an update)."""
         self._pending = None
 
-    def on_observation(self, obs: np.ndarray, stamp: int) -> Transition | np.ndarray | None:
-        """An observation: returns the obs to act on when it starts a segment, the
-        completed Transition when it finishes a step, else None."""
+    def on_observation(self, obs: np.ndarray, stamp: int) -> SegmentStart | Transition | None:
+        """An observation: a SegmentStart when no action is outstanding, the completed
+        Transition when it finishes a step, else None."""
         pending = self._pending
         if pending is None:
-            return obs
+            return SegmentStart(obs, stamp)
         if stamp < pending.obs_stamp:
             return self._count(Counter.STALE)
         if pending.next_obs is not None or np.array_equal(obs, pending.obs):
@@ -109,6 +117,12 @@ class StepSync:
         """Drop the outstanding step if its deadline passed; True when one was dropped."""
         if self._pending is None or now <= self._pending.deadline:
             return False
+        return self.drop()
+
+    def drop(self) -> bool:
+        """Drop the outstanding step (counted), if any; True when one was dropped."""
+        if self._pending is None:
+            return False
         self._pending = None
         self.counters[Counter.DROPPED.value] += 1
         return True
@@ -123,10 +137,14 @@ class StepSync:
         ):
             return None
         self._pending = None
-        self.last_obs_stamp = pending.next_obs_stamp
         self.counters[Counter.COMPLETED.value] += 1
         return Transition(
-            pending.obs, pending.action, pending.reward, pending.done, pending.next_obs
+            pending.obs,
+            pending.action,
+            pending.reward,
+            pending.done,
+            pending.next_obs,
+            pending.next_obs_stamp,
         )
 
     def _count(self, counter: Counter) -> None:

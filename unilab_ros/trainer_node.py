@@ -1,9 +1,10 @@
 """trainer_node (node ``unilab_trainer``): learns a policy online over the topic contract.
 
 Subscribes ``observation``, ``reward`` and ``done``; publishes ``action``, ``~/status``
-and ``/diagnostics``. Steps are paired by ``StepSync``, stored and learned from by
-``PPOAgent``; this node only converts messages, keeps time and talks to ROS. All MLX
-work runs on the executor's one thread.
+and ``/diagnostics``. What to do with each step is decided by ``TrainingLoop``
+(ROS-free); this node converts messages, keeps the clocks and timers, and talks to ROS:
+the simulator's pause, reports, checkpoints, services and parameters. All MLX work runs
+on the executor's one thread.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import math
 import sys
 import time
 from collections.abc import Callable
-from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -26,18 +26,12 @@ from rclpy.node import Node
 from rclpy.parameter import Parameter
 from rclpy.qos import QoSProfile
 from rclpy.subscription import Subscription
-from std_msgs.msg import Float32MultiArray, Float64MultiArray, String, UInt8MultiArray
+from std_msgs.msg import Float32MultiArray, String, UInt8MultiArray
 from std_srvs.srv import SetBool, Trigger
 
+from unilab_ros.action_output import ActionOutput, ActionOutputConfig
 from unilab_ros.executors import run_node
-from unilab_ros.messages import (
-    MessageError,
-    read_done_codes,
-    read_matrix,
-    read_vector,
-    to_float32_msg,
-    to_float64_msg,
-)
+from unilab_ros.messages import MessageError, read_done_codes, read_matrix, read_vector
 from unilab_ros.metrics_log import MetricsLog
 from unilab_ros.params import (
     ConfigError,
@@ -53,7 +47,6 @@ from unilab_ros.rl.blas import blas_description
 from unilab_ros.rl.checkpoint import (
     Checkpoint,
     CheckpointError,
-    all_finite,
     remove_stale_temporaries,
     restore_agent,
     save_checkpoint,
@@ -62,8 +55,17 @@ from unilab_ros.rl.episodes import EpisodeStats
 from unilab_ros.rl.model import ModelConfig
 from unilab_ros.rl.ppo import PPOConfig
 from unilab_ros.sim_pause import SimPause
-from unilab_ros.stepper import StepSync, Transition
 from unilab_ros.trainer_config import TrainerNodeConfig
+from unilab_ros.training_loop import (
+    BeginUpdate,
+    Decision,
+    Finished,
+    LoopConfig,
+    Phase,
+    PublishAction,
+    TrainingLoop,
+)
+from unilab_ros.watchdog import WatchdogConfig
 
 NODE_NAME = "unilab_trainer"
 LIVE_PARAMETERS = frozenset({"training", "deterministic", "ppo.learning_rate"})
@@ -86,16 +88,8 @@ def _while_ros_runs(method: Callable[..., None]) -> Callable[..., None]:
     return guarded
 
 
-class State(str, Enum):
-    WAITING = "waiting_for_observation"
-    COLLECTING = "collecting"
-    EPISODE_END = "waiting_for_episode_end"
-    UPDATING = "updating"
-    FINISHED = "finished"
-
-
 class TrainerNode(Node):
-    """Online PPO trainer; see the module docstring and DESIGN.md's topic contract."""
+    """Online PPO trainer; see the module docstring and the README's topic contract."""
 
     def __init__(self, arrival_ordered: bool = False, **kwargs: Any) -> None:
         """``arrival_ordered``: the executor runs callbacks in arrival order, so the
@@ -108,6 +102,9 @@ class TrainerNode(Node):
         for config, prefix in (
             (AgentConfig(), ""),
             (ActionConfig(), ""),
+            (LoopConfig(), ""),
+            (WatchdogConfig(), ""),
+            (ActionOutputConfig(), ""),
             (TrainerNodeConfig(), ""),
             (ModelConfig(), "model"),
             (PPOConfig(), "ppo"),
@@ -115,14 +112,15 @@ class TrainerNode(Node):
             declare_config(self, config, prefix, LIVE_PARAMETERS)
         warn_unknown_parameters(self)
         self.cfg = read_config(self, TrainerNodeConfig)
+        loop_cfg = read_config(self, LoopConfig)
+        watchdog_cfg = read_config(self, WatchdogConfig)
+        output_cfg = read_config(self, ActionOutputConfig)
         agent_cfg = read_config(self, AgentConfig)
         try:
             model_cfg = read_config(self, ModelConfig, "model")
             ppo_cfg = read_config(self, PPOConfig, "ppo")
             self._action_cfg = read_config(self, ActionConfig)
-            self.actions = ActionMapper(
-                self._action_cfg, agent_cfg.num_envs, agent_cfg.action_dim
-            )
+            actions = ActionMapper(self._action_cfg, agent_cfg.num_envs, agent_cfg.action_dim)
             # Opened first: a bad path is reported alone, before any warm-up.
             checkpoint = Checkpoint(self.cfg.resume_from) if self.cfg.resume_from else None
             if self.cfg.warm_up_update:
@@ -132,50 +130,23 @@ class TrainerNode(Node):
                     f"start-up: one throwaway PPO update compiled MLX's kernels in "
                     f"{seconds:.1f} s, before the first action (cached on disk afterwards)"
                 )
-            self.agent = PPOAgent(
-                agent_cfg, model_cfg, ppo_cfg, action_bounds=self.actions.policy_bounds()
-            )
-            self.best = BestPolicy(self.cfg.best_min_episodes, self._save_best)
+            agent = PPOAgent(agent_cfg, model_cfg, ppo_cfg, action_bounds=actions.policy_bounds())
             if checkpoint is not None:
-                restore_agent(self.agent, checkpoint)
-            self._good_parameters = self.agent.model.parameters()
+                restore_agent(agent, checkpoint)
         except (ValueError, CheckpointError) as error:
             raise ConfigError(str(error)) from None
         self.num_envs, self.obs_dim = agent_cfg.num_envs, agent_cfg.obs_dim
-        self.action_dim = agent_cfg.action_dim
-
-        self.sync = StepSync(self.cfg.step_timeout)
-        self.stats = EpisodeStats(self.num_envs)
+        stats = EpisodeStats(self.num_envs)
         if checkpoint is not None:
-            self.stats.load_state(checkpoint.extra.get("episodes", {}))
-        self.counters = {
-            "rejected_observations": 0,
-            "rejected_rewards": 0,
-            "rejected_dones": 0,
-            "discarded_during_update": 0,
-            "watchdog_trips": 0,
-            "safe_actions_published": 0,
-            "nonfinite_actions": 0,
-            "save_failures": 0,
-            "save_requests_refused": 0,
-        }
+            stats.load_state(checkpoint.extra.get("episodes", {}))
+        self.best = BestPolicy(self.cfg.best_min_episodes, self._save_best)
+        self.loop = TrainingLoop(loop_cfg, agent, actions, stats, self.best, watchdog_cfg)
         self._last_service_save = -math.inf
         self.last_save_error = ""
         self._save_errors_logged: set[tuple[str, int | None]] = set()
-        self.state = State.WAITING
         self._warned_at: dict[str, float] = {}
-        self._updates_run = 0
         self.last_metrics: dict[str, float] = {}
-        self._latest_obs: tuple[np.ndarray, int] | None = None
-        self._acted_stamp = 0
-        """Reception stamp of the observation the latest action answered."""
-        self._acted_by_sampling = False
-        self._bootstrap_obs: np.ndarray | None = None
-        self._episode_end_pending = np.zeros(self.num_envs, bool)
-        self._episode_end_deadline = 0.0
-        self._last_obs_time: float | None = None
-        self._watchdog_tripped = False
-        self._iteration_start = (time.perf_counter(), self.agent.env_steps)
+        self._iteration_start = (time.perf_counter(), agent.env_steps)
         self._checkpoint_dir = Path(self.cfg.checkpoint_dir)
         try:
             stale = remove_stale_temporaries(self._checkpoint_dir)
@@ -188,11 +159,7 @@ class TrainerNode(Node):
         self._log = MetricsLog(self._checkpoint_dir, self.cfg.tensorboard)
 
         qos = QoSProfile(depth=self.cfg.qos_depth)
-        action_type = (
-            Float64MultiArray if self.cfg.action_msg_type == "float64" else Float32MultiArray
-        )
-        self._to_msg = to_float64_msg if action_type is Float64MultiArray else to_float32_msg
-        self._action_pub = self.create_publisher(action_type, "action", qos)
+        self._action_out = ActionOutput(self, output_cfg, qos)
         self._status_pub = self.create_publisher(String, "~/status", qos)
         self._diag_pub = self.create_publisher(DiagnosticArray, "/diagnostics", qos)
         subscribe = _stamped_at_entry if arrival_ordered else _stamped_at_reception
@@ -216,21 +183,33 @@ class TrainerNode(Node):
         steady = Clock(clock_type=ClockType.STEADY_TIME)
         # Step deadlines follow the node clock (a paused simulator drops nothing); the
         # watchdog follows the steady clock (it must fire even when sim time stops).
-        self.create_timer(min(0.05, self.cfg.step_timeout / 4.0), self._check_step_deadline)
-        self.create_timer(min(0.1, self.cfg.obs_timeout / 2.0), self._watchdog, clock=steady)
+        self.create_timer(min(0.05, loop_cfg.step_timeout / 4.0), self._check_step_deadline)
+        self.create_timer(self.loop.watchdog.period, self._watchdog, clock=steady)
         self.create_timer(1.0, self._publish_status, clock=steady)
         self.get_logger().info(
-            f"ready: {self.num_envs} envs x obs {self.obs_dim} -> action {self.action_dim}, "
-            f"rollout {agent_cfg.num_steps} steps, iteration {self.agent.iteration}, "
-            f"BLAS: {blas_description()}"
+            f"ready: {self.num_envs} envs x obs {self.obs_dim} -> action "
+            f"{agent_cfg.action_dim}, rollout {agent_cfg.num_steps} steps, iteration "
+            f"{agent.iteration}, BLAS: {blas_description()}"
         )
         self._closed = False
 
     @property
     def finished(self) -> bool:
-        return self.state is State.FINISHED
+        return self.loop.phase is Phase.FINISHED
 
-    # Message callbacks: convert, validate, hand over.
+    @property
+    def agent(self) -> PPOAgent:
+        return self.loop.agent
+
+    @property
+    def stats(self) -> EpisodeStats:
+        return self.loop.stats
+
+    @property
+    def counters(self) -> dict[str, int]:
+        return self.loop.counters
+
+    # Message callbacks: convert, validate, hand over to the loop, carry out its decision.
 
     def _read(
         self, kind: str, reader: Any, msg: Any, *shape: int, **limit: float
@@ -238,245 +217,159 @@ class TrainerNode(Node):
         try:
             return reader(msg, *shape, **limit)
         except MessageError as error:
-            self.counters[f"rejected_{kind}s"] += 1
+            rejected = self.loop.count(f"rejected_{kind}s")
             # Throttled per topic: rclpy throttles per call site, and one noisy topic
             # must not hide the others' problems.
             now = time.monotonic()
             if now - self._warned_at.get(kind, -math.inf) >= _WARN_PERIOD:
                 self._warned_at[kind] = now
-                self.get_logger().warning(
-                    f"rejected {kind} ({self.counters[f'rejected_{kind}s']} so far): "
-                    f"{error.reason}"
-                )
+                self.get_logger().warning(f"rejected {kind} ({rejected} so far): {error.reason}")
             return None
 
     @_while_ros_runs
     def _on_observation(self, msg: Float32MultiArray, stamp: int) -> None:
+        self._receive_observation(msg, stamp)
+
+    @_while_ros_runs
+    def _on_reward(self, msg: Float32MultiArray, stamp: int) -> None:
+        self._receive_reward(msg, stamp)
+
+    @_while_ros_runs
+    def _on_done(self, msg: UInt8MultiArray, stamp: int) -> None:
+        self._receive_done(msg, stamp)
+
+    def _receive_observation(self, msg: Float32MultiArray, stamp: int) -> bool:
+        """Hand a valid observation to the loop; False when it was rejected."""
         obs = self._read(
             "observation", read_matrix, msg, self.num_envs, self.obs_dim,
             limit=self.cfg.observation_limit,
         )
-        if obs is None:
-            return
-        self._latest_obs = (obs, stamp)
-        self._last_obs_time = time.monotonic()
-        self._watchdog_tripped = False
-        if self.state is State.WAITING:
-            self.state = State.COLLECTING
-        if self._collecting():
-            result = self.sync.on_observation(obs, stamp)
-            if isinstance(result, np.ndarray):
-                self._act_on(result, stamp)
-            else:
-                self._handle(result)
+        if obs is not None:
+            self._carry_out(self.loop.on_observation(obs, stamp, self._now(), time.monotonic()))
+        return obs is not None
 
-    @_while_ros_runs
-    def _on_reward(self, msg: Float32MultiArray, stamp: int) -> None:
+    def _receive_reward(self, msg: Float32MultiArray, stamp: int) -> bool:
         reward = self._read(
             "reward", read_vector, msg, self.num_envs, limit=self.cfg.reward_limit
         )
-        if reward is not None and self._collecting():
-            self._handle(self.sync.on_reward(reward, stamp))
+        if reward is not None:
+            self._carry_out(self.loop.on_reward(reward, stamp, self._now()))
+        return reward is not None
 
-    @_while_ros_runs
-    def _on_done(self, msg: UInt8MultiArray, stamp: int) -> None:
+    def _receive_done(self, msg: UInt8MultiArray, stamp: int) -> bool:
         done = self._read("done", read_done_codes, msg, self.num_envs)
-        if done is not None and self._collecting():
-            self._handle(self.sync.on_done(done, stamp))
+        if done is not None:
+            self._carry_out(self.loop.on_done(done, stamp, self._now()))
+        return done is not None
 
-    def _collecting(self) -> bool:
-        """True while steps are taken; a valid message that arrives during an update
-        (e.g. while the simulator's pause is awaited) is counted as discarded."""
-        if self.state is State.UPDATING:
-            self.counters["discarded_during_update"] += 1
-        return self.state in (State.COLLECTING, State.EPISODE_END)
+    def _carry_out(self, decision: Decision) -> None:
+        if isinstance(decision, PublishAction):
+            self._publish_action(decision)
+        elif isinstance(decision, BeginUpdate):
+            self._begin_update()
 
-    # Stepping.
-
-    def _handle(self, result: Transition | None) -> None:
-        if result is None:
-            return
-        self.stats.add(result.reward, result.done)
-        if self.state is State.COLLECTING and self._learning and self._acted_by_sampling:
-            if self.agent.record(result.obs, result.action, result.reward, result.done):
-                self._bootstrap_obs = result.next_obs
-                if self.cfg.update_trigger == "episode_end":
-                    self.state = State.EPISODE_END
-                    self._episode_end_pending[:] = True
-                    self._episode_end_deadline = self._now() + self.cfg.episode_end_timeout
-                else:
-                    self._begin_update()
-                    return
-        # Not elif: an env whose episode ends on the step that fills the rollout has ended.
-        if self.state is State.EPISODE_END:
-            self._episode_end_pending &= result.done == 0
-            if not self._episode_end_pending.any() or self._now() > self._episode_end_deadline:
-                self._begin_update()
-                return
-        self._act_on(result.next_obs, self.sync.last_obs_stamp)
-
-    @property
-    def _learning(self) -> bool:
-        return self.cfg.training and not self.cfg.deterministic
-
-    def _act_on(self, obs: np.ndarray, stamp: int) -> None:
-        actions = self.agent.act(obs, deterministic=self.cfg.deterministic)
-        command = self.actions(actions)
-        finite = bool(np.isfinite(command).all())
-        if not finite:
-            # Whatever the model holds, no NaN or Inf reaches the robot.
-            command = self.actions.safe
-            self._on_nonfinite_action()
-        self._action_pub.publish(self._to_msg(command, ("env", "action")))
-        self.sync.action_sent(obs, actions, stamp, self._now())
-        self._acted_stamp = stamp
-        # A mean action is no sample of the policy, nor is a safe action sent in its place:
-        # PPO must not learn from their steps, even if deterministic mode is switched off
-        # before the step completes.
-        self._acted_by_sampling = finite and not self.cfg.deterministic
-
-    def _on_nonfinite_action(self) -> None:
-        self.counters["nonfinite_actions"] += 1
-        restored = not all_finite(self.agent.model.parameters())
-        if restored:
-            self.agent.model.update(self._good_parameters)
-        self.get_logger().error(
-            f"the policy gave a non-finite action ({self.counters['nonfinite_actions']} so "
-            "far): the safe action was sent instead"
-            + ("; the last finite model parameters are restored" if restored else ""),
-            throttle_duration_sec=_WARN_PERIOD,
-        )
-
-    def _keep_good_parameters(self) -> None:
-        """Remember the model if it is finite (MLX arrays are immutable: references)."""
-        parameters = self.agent.model.parameters()
-        if all_finite(parameters):
-            self._good_parameters = parameters
+    def _publish_action(self, decision: PublishAction) -> None:
+        if decision.nonfinite:
+            self.get_logger().error(
+                f"the policy gave a non-finite action ({self.counters['nonfinite_actions']} "
+                "so far): the safe action was sent instead"
+                + ("; the last finite model parameters are restored" if decision.restored
+                   else ""),
+                throttle_duration_sec=_WARN_PERIOD,
+            )
+        self._action_out.publish(decision.command)
 
     def _publish_safe_action(self) -> None:
-        self._action_pub.publish(self._to_msg(self.actions.safe, ("env", "action")))
-        self.counters["safe_actions_published"] += 1
+        self._action_out.publish(self.loop.actions.safe)
+        self.loop.count("safe_actions_published")
 
     def _now(self) -> float:
         return self.get_clock().now().nanoseconds * 1e-9
 
-    def _cut_segment(self) -> None:
-        """The step stream broke: no return is computed across the gap."""
-        self.agent.cut()
-        self.stats.cut()
-
     @_while_ros_runs
     def _check_step_deadline(self) -> None:
-        if self.sync.expired(self._now()):
-            self._cut_segment()
-            self.get_logger().warning(
-                f"step not completed within step_timeout={self.cfg.step_timeout}s: dropped "
-                f"({self.sync.counters['steps_dropped']} so far); the next observation "
-                "starts a new segment",
-                throttle_duration_sec=_WARN_PERIOD,
-            )
-            # The environment waits for an action at the state it published last: when
-            # that came after the dropped step's observation, act on it now rather than
-            # leave the robot to the watchdog (or stalled, with watchdog_safe_action off).
-            if self._latest_obs is not None and self._latest_obs[1] > self._acted_stamp:
-                self._act_on(*self._latest_obs)
+        dropped = self.loop.check_step_deadline(self._now())
+        if dropped is None:
+            return
+        self.get_logger().warning(
+            f"step not completed within step_timeout={self.loop.cfg.step_timeout}s: dropped "
+            f"({self.loop.sync.counters['steps_dropped']} so far); the next observation "
+            "starts a new segment",
+            throttle_duration_sec=_WARN_PERIOD,
+        )
+        if dropped.then is not None:
+            self._publish_action(dropped.then)
 
     @_while_ros_runs
     def _watchdog(self) -> None:
-        if self.state not in (State.COLLECTING, State.EPISODE_END) or self._last_obs_time is None:
+        silence = self.loop.check_watchdog(time.monotonic())
+        if silence is None:
             return
-        if time.monotonic() - self._last_obs_time <= self.cfg.obs_timeout:
-            return
-        if not self._watchdog_tripped:
-            self._watchdog_tripped = True
-            self.counters["watchdog_trips"] += 1
-            if self.sync.awaiting_step:
-                self.sync.reset()
-                self.sync.counters["steps_dropped"] += 1
-                self._cut_segment()
+        if silence.first:
             self.get_logger().warning(
-                f"no observation for {self.cfg.obs_timeout}s: "
-                + ("publishing the safe action" if self.cfg.watchdog_safe_action else "waiting")
+                f"no observation for {self.loop.watchdog.cfg.obs_timeout}s: "
+                + ("publishing the safe action" if silence.publish_safe else "waiting")
             )
-        if self.cfg.watchdog_safe_action:
+        if silence.publish_safe:
             self._publish_safe_action()
 
     # Updating.
 
     def _begin_update(self) -> None:
-        self.state = State.UPDATING
-        self.sync.reset()
         self._publish_status()
         # Pause first: a safe action published before the pause answered could reach the
         # simulator first and step it, a step nobody learns from.
         self._sim.pause(then=self._run_update)
 
     def _run_update(self) -> None:
-        assert self._bootstrap_obs is not None
         if self.cfg.update_safe_action:
             self._publish_safe_action()
         first_compile = self.agent.ppo_cfg.enable_compile and not self.cfg.warm_up_update
-        if self._updates_run == 0 and first_compile:
+        if self.loop.updates_run == 0 and first_compile:
             self.get_logger().info(
                 "first update: MLX compiles its kernels (up to a minute on a new machine; "
                 "cached on disk afterwards)"
             )
-        metrics = self.agent.update(self._bootstrap_obs)
+        metrics = self.loop.update()
         if not self.context.ok():
             # A signal arrived during the update and shut ROS down: publishing or logging
             # to /rosout would fail now. close() saves the updated agent on the way out.
             return
-        self._keep_good_parameters()
-        self._updates_run += 1
         self._report_iteration(metrics)
-        self.best.offer(self.agent, self.stats)
-        interval = self.cfg.checkpoint_interval
-        if interval and self.agent.iteration % interval == 0:
-            self.save("interval")
+        due = self.loop.after_update()
+        if due is not None:
+            self.save(due.reason)
         # Act only once the simulator runs again: an action that reached it still paused
         # would be dropped, and collection would stall until the step timed out.
         self._sim.resume(then=self._restart_collecting)
 
     def _restart_collecting(self) -> None:
-        restart = self._drain_queued()
-        if restart is None and self._latest_obs is not None:
-            restart = self._latest_obs
-        if self.cfg.max_iterations and self.agent.iteration >= self.cfg.max_iterations:
+        self._drain_queued()
+        decision = self.loop.resume(self._now(), time.monotonic())
+        if isinstance(decision, Finished):
             self.save("max_iterations reached")
-            self.state = State.FINISHED
             self.get_logger().info(f"finished {self.agent.iteration} iterations")
-            return
-        self.state = State.COLLECTING
-        self._last_obs_time = time.monotonic()
-        if restart is not None:
-            self._act_on(*restart)
+        elif decision is not None:
+            self._publish_action(decision)
 
-    def _drain_queued(self) -> tuple[np.ndarray, int] | None:
-        """Discard what arrived during the update; return the newest valid observation.
+    def _drain_queued(self) -> None:
+        """Discard what arrived during the update; the loop keeps the newest observation.
 
         The executor could only deliver these after the update, mixed with the
         responses to the action that restarts collection; taking them here keeps
         them out of the buffer.
         """
-        newest: tuple[np.ndarray, int] | None = None
-        readers = (
-            (self._obs_sub, "observation", read_matrix, (self.num_envs, self.obs_dim),
-             {"limit": self.cfg.observation_limit}),
-            (self._reward_sub, "reward", read_vector, (self.num_envs,),
-             {"limit": self.cfg.reward_limit}),
-            (self._done_sub, "done", read_done_codes, (self.num_envs,), {}),
-        )
-        for sub, kind, reader, shape, limit in readers:
+        for sub, receive in (
+            (self._obs_sub, self._receive_observation),
+            (self._reward_sub, self._receive_reward),
+            (self._done_sub, self._receive_done),
+        ):
             while (taken := _take(sub)) is not None:
                 msg, info = taken
-                self.counters["discarded_during_update"] += 1
-                # Bad input is bad input whenever it comes: counted (and logged) as such.
-                value = self._read(kind, reader, msg, *shape, **limit)
-                if value is not None and sub is self._obs_sub:
-                    newest = (value, info["received_timestamp"])
-        if newest is not None:
-            self._latest_obs = newest
-        return newest
+                # The loop counts a valid one as discarded (it is updating); bad input is
+                # bad input whenever it comes: counted (and logged) as such, and discarded.
+                if not receive(msg, info["received_timestamp"]):
+                    self.loop.count("discarded_during_update")
 
     def _report_iteration(self, metrics: dict[str, float]) -> None:
         start, steps = self._iteration_start
@@ -490,7 +383,7 @@ class TrainerNode(Node):
             "episodes": float(self.stats.episodes),
             "steps_per_s": rate,
             **metrics,
-            **{k: float(v) for k, v in self.sync.counters.items()},
+            **{k: float(v) for k, v in self.loop.sync.counters.items()},
             **{k: float(v) for k, v in self.counters.items()},
         }
         self.last_metrics = values
@@ -502,12 +395,13 @@ class TrainerNode(Node):
             f"{rate:7.0f} steps/s | update {metrics['update_time']:5.2f}s | "
             f"kl {metrics['approx_kl']:.4f} (max {metrics['approx_kl_max']:.3f}) "
             f"lr {metrics['learning_rate_min']:.0e}..{metrics['learning_rate_max']:.0e} | "
-            f"dropped {self.sync.counters['steps_dropped']} "
+            f"dropped {self.loop.sync.counters['steps_dropped']} "
             f"rejected {sum(v for k, v in self.counters.items() if k.startswith('rejected'))}"
         )
 
     def _publish_diagnostics(self, values: dict[str, float]) -> None:
-        problems = self.sync.counters["steps_dropped"] + self.counters["rejected_observations"]
+        dropped = self.loop.sync.counters["steps_dropped"]
+        problems = dropped + self.counters["rejected_observations"]
         level = DiagnosticStatus.WARN if problems else DiagnosticStatus.OK
         if self.counters["save_failures"] or self._log.failures:
             level = DiagnosticStatus.ERROR
@@ -524,18 +418,18 @@ class TrainerNode(Node):
 
     def status(self) -> dict[str, Any]:
         return {
-            "state": self.state.value,
+            "state": self.loop.phase.value,
             "iteration": self.agent.iteration,
             "env_steps": self.agent.env_steps,
             "buffer_steps": self.agent.buffer.step,
-            "training": self.cfg.training,
-            "deterministic": self.cfg.deterministic,
+            "training": self.loop.cfg.training,
+            "deterministic": self.loop.cfg.deterministic,
             # JSON has no NaN (strict parsers refuse it): no episode yet reads null.
             "mean_return": _json_number(self.stats.mean_return),
             "sim_service_failures": self._sim.calls_failed,
             "metrics_log_failures": self._log.failures,
             "last_save_error": self.last_save_error,
-            **self.sync.counters,
+            **self.loop.sync.counters,
             **self.counters,
         }
 
@@ -561,7 +455,7 @@ class TrainerNode(Node):
             save_checkpoint(path, self.agent, extra, self._action_cfg)
         # MLX reports a full disk as RuntimeError, the filesystem the rest as OSError.
         except (OSError, RuntimeError) as error:
-            self.counters["save_failures"] += 1
+            self.loop.count("save_failures")
             self.last_save_error = f"{what}: {type(error).__name__}: {error}"
             kind = (type(error).__name__, getattr(error, "errno", None))
             if kind not in self._save_errors_logged:
@@ -601,7 +495,7 @@ class TrainerNode(Node):
         # Each save stalls acting for tens of ms: a flood of calls must not stall the robot.
         since = time.monotonic() - self._last_service_save
         if since < _SAVE_SERVICE_MIN_PERIOD:
-            self.counters["save_requests_refused"] += 1
+            self.loop.count("save_requests_refused")
             response.success = False
             response.message = (
                 f"saved {since:.2f} s ago; saving at most once every "
@@ -626,7 +520,7 @@ class TrainerNode(Node):
         """The services set the parameter, so both always agree (one path: the callback)."""
         result = self.set_parameters([Parameter(name, value=bool(value))])[0]
         response.success = result.successful
-        response.message = f"{name}={getattr(self.cfg, name)}" + (
+        response.message = f"{name}={getattr(self.loop.cfg, name)}" + (
             "" if result.successful else f": {result.reason}"
         )
         return response
@@ -648,18 +542,11 @@ class TrainerNode(Node):
                     )
         for param in params:
             if param.name == "training":
-                if self.cfg.training and not param.value:
-                    self.agent.cut()
-                self.cfg.training = bool(param.value)
+                self.loop.set_training(bool(param.value))
             elif param.name == "deterministic":
-                # Mean actions are not samples of the policy: PPO must not learn from them.
-                if param.value and not self.cfg.deterministic:
-                    self.agent.cut()
-                self.cfg.deterministic = bool(param.value)
+                self.loop.set_deterministic(bool(param.value))
             elif param.name == "ppo.learning_rate":
-                # The adaptive schedule goes on from this rate.
-                self.agent.trainer.learning_rate = float(param.value)
-                self.agent.ppo_cfg.learning_rate = float(param.value)
+                self.loop.set_learning_rate(float(param.value))
             else:
                 continue
             self.get_logger().info(f"parameter {param.name} set to {param.value}")
@@ -670,7 +557,7 @@ class TrainerNode(Node):
         if self._closed:
             return
         self._closed = True
-        if self.state is not State.FINISHED and self.agent.iteration > 0:
+        if not self.finished and self.agent.iteration > 0:
             self.save("shutdown")
         self._log.close()
 

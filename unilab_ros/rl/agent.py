@@ -114,7 +114,10 @@ class PPOAgent:
         z = (actions - mean) / std
         log_probs = np.sum(-0.5 * z * z - np.log(std) - _LOG_SQRT_2PI, axis=-1)
         scaled = np.asarray(rewards, np.float32) * self.cfg.reward_scale
-        self.buffer.add(obs, actions, log_probs, mean, std, scaled, dones, None)
+        self.buffer.add(
+            obs=obs, actions=actions, rewards=scaled, dones=dones,
+            log_probs=log_probs, mean=mean, std=std,
+        )
         self.env_steps += self.cfg.num_envs
         return self.buffer.full
 

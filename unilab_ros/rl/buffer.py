@@ -23,8 +23,8 @@ class RolloutBuffer:
     """Stores one rollout, computes GAE returns, and serves shuffled mini-batches.
 
     Steps are added one at a time as numpy rows (cheap in a per-step callback).
-    The policy outputs recorded with each step (log-prob, mean, std, value) may
-    instead be filled in for the whole rollout at once with ``set_policy_outputs``.
+    The acting policy's outputs (log-prob, mean, std) come with each step or are filled
+    in for the whole rollout at once with ``set_policy_outputs``.
     A done code of 2 (time-out) ends the segment for GAE but adds ``gamma * V(s_t)``
     to the step's reward, as rsl_rl does, so a cut episode is not treated as a failure.
     """
@@ -67,16 +67,18 @@ class RolloutBuffer:
 
     def add(
         self,
+        *,
         obs: Any,
         actions: Any,
-        log_probs: Any | None,
-        action_mean: Any | None,
-        action_std: Any | None,
         rewards: Any,
         dones: Any,
-        values: Any | None,
+        log_probs: Any | None = None,
+        mean: Any | None = None,
+        std: Any | None = None,
     ) -> None:
-        """Append one step of every env. Policy outputs may be None and set later."""
+        """Append one step of every env: what it saw, did and got, and the acting policy's
+        log-prob, mean and std of its actions (or none, filled in later for the whole
+        rollout by ``set_policy_outputs``). The values are computed at the update."""
         if self.step >= self.num_steps:
             raise OverflowError("Rollout buffer overflow.")
         t = self.step
@@ -86,12 +88,10 @@ class RolloutBuffer:
         self.dones[t] = np.asarray(dones).reshape(self.num_envs)
         if log_probs is not None:
             self.log_probs[t] = np.asarray(log_probs).reshape(self.num_envs)
-        if action_mean is not None:
-            self.mu[t] = np.asarray(action_mean).reshape(self.num_envs, self.action_dim)
-        if action_std is not None:
-            self.sigma[t] = np.broadcast_to(np.asarray(action_std), self.mu[t].shape)
-        if values is not None:
-            self.values[t] = np.asarray(values).reshape(self.num_envs)
+        if mean is not None:
+            self.mu[t] = np.asarray(mean).reshape(self.num_envs, self.action_dim)
+        if std is not None:
+            self.sigma[t] = np.broadcast_to(np.asarray(std), self.mu[t].shape)
         self.step += 1
 
     def truncate_last(self, env_mask: np.ndarray | None = None) -> None:

@@ -3,8 +3,9 @@
 pendulum_demo --iterations 100
 pendulum_demo --params-file config/inverted_pendulum.yaml --seed 2
 
-The run reads the same params file as the nodes (config/pendulum.yaml by default) and
-steps the bridge's own vector env, so it learns what ``sim_train`` learns, minus ROS.
+The run reads the same params file as the nodes (config/pendulum.yaml by default), steps
+the bridge's own vector env and decides through the trainer node's own ``TrainingLoop``,
+so it learns what ``sim_train`` learns (the same curve, bit for bit), minus ROS.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from unilab_ros.rl.best import BestPolicy
 from unilab_ros.rl.blas import blas_description
 from unilab_ros.rl.episodes import EpisodeStats
 from unilab_ros.rl.setup_file import TrainingSetup, load_setup
+from unilab_ros.training_loop import BeginUpdate, LoopConfig, PublishAction, TrainingLoop
 
 IterationCallback = Callable[[PPOAgent, EpisodeStats, dict[str, float]], None]
 
@@ -39,21 +41,31 @@ def train(
     try:
         to_env = ActionMapper(setup.actions, cfg.num_envs, cfg.action_dim)
         agent = PPOAgent(cfg, setup.model, setup.ppo, action_bounds=to_env.policy_bounds())
-        stats = EpisodeStats(cfg.num_envs)
-        obs = sim.reset()
-        for _ in range(iterations):
-            while not agent.rollout_full:
-                actions = agent.act(obs)
-                step = sim.step(to_env(actions))
-                agent.record(obs, actions, step.reward, step.done)
-                stats.add(step.reward, step.done)
-                obs = step.observation
-            metrics = agent.update(obs)
-            if best is not None:
-                best.offer(agent, stats)
-            if on_iteration is not None:
-                on_iteration(agent, stats, metrics)
-        return agent, stats
+        # Checkpoints are the caller's (on_iteration); the loop only stops the run.
+        loop_cfg = LoopConfig(checkpoint_interval=0, max_iterations=iterations)
+        loop = TrainingLoop(loop_cfg, agent, to_env, best=best)
+        # One clock for everything: steps never time out, the watchdog never fires, and
+        # each step's parts share a stamp that orders it after the action.
+        stamp, now = 0, 0.0
+        decision = loop.on_observation(sim.reset(), stamp, now, now)
+        while agent.iteration < iterations:
+            if isinstance(decision, BeginUpdate):
+                metrics = loop.update()
+                loop.after_update()
+                if on_iteration is not None:
+                    on_iteration(agent, loop.stats, metrics)
+                decision = loop.resume(now, now)
+                continue
+            if not isinstance(decision, PublishAction):
+                raise RuntimeError(
+                    f"step {stamp} was not paired (see the counters: {loop.sync.counters})"
+                )
+            step = sim.step(decision.command)
+            stamp += 1
+            loop.on_reward(step.reward, stamp, now)
+            loop.on_done(step.done, stamp, now)
+            decision = loop.on_observation(step.observation, stamp, now, now)
+        return agent, loop.stats
     finally:
         sim.close()
 

@@ -5,13 +5,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
 import mlx.core as mx
 import mlx.nn as nn
 
 from unilab_ros.rl.activations import ACTIVATIONS, prepare_elu
-from unilab_ros.rl.distributions import diag_gaussian_log_prob
 from unilab_ros.rl.normalizer import RunningNormalizer
 
 NOISE_STD_TYPES = ("scalar", "log")
@@ -56,16 +54,6 @@ class ModelConfig:
             raise ValueError("need 0 < min_std <= init_noise_std <= max_std")
         if self.observation_clip <= 0.0:
             raise ValueError("observation_clip must be positive")
-
-
-class ActOutput(NamedTuple):
-    """What acting on a batch of observations produces."""
-
-    actions: mx.array
-    log_probs: mx.array
-    values: mx.array
-    mean: mx.array
-    std: mx.array
 
 
 class MLP(nn.Module):
@@ -144,16 +132,3 @@ class MLPActorCritic(nn.Module):
     def policy(self, obs: mx.array) -> mx.array:
         """Deterministic (mean) actions, for evaluation and deployment."""
         return self.actor(self.normalize(obs))
-
-    def sample(self, obs: mx.array) -> mx.array:
-        """Stochastic actions only: the cheap path for acting during collection."""
-        mean = self.policy(obs)
-        std, _ = self.std_and_log_std()
-        return mean + std * mx.random.normal(mean.shape)
-
-    def act(self, obs: mx.array) -> ActOutput:
-        """Sample actions with their log-probs, the values, and the distribution."""
-        mean, std, log_std = self.distribution_params(obs)
-        actions = mean + std * mx.random.normal(mean.shape)
-        log_probs = diag_gaussian_log_prob(actions, mean, log_std)
-        return ActOutput(actions, log_probs, self.value(obs), mean, std)

@@ -1,0 +1,51 @@
+"""The ``action`` publisher of the trainer and the policy node, and its message type."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from rclpy.lifecycle import LifecycleNode
+from rclpy.node import Node
+from rclpy.qos import QoSProfile
+from std_msgs.msg import Float32MultiArray, Float64MultiArray
+
+from unilab_ros.messages import to_float32_msg, to_float64_msg
+
+ACTION_MSG_TYPES = ("float32", "float64")
+
+
+@dataclass
+class ActionOutputConfig:
+    """How actions go out."""
+
+    action_msg_type: str = "float32"
+    """float32 (std_msgs/Float32MultiArray) or float64 (Float64MultiArray, as
+    ros2_control's forward_command_controller takes)."""
+
+    def validate(self) -> None:
+        if self.action_msg_type not in ACTION_MSG_TYPES:
+            raise ValueError(f"action_msg_type must be one of {ACTION_MSG_TYPES}")
+
+
+class ActionOutput:
+    """Publishes (num_envs, action_dim) commands on ``action`` in the configured type."""
+
+    def __init__(self, node: Node, cfg: ActionOutputConfig, qos: QoSProfile) -> None:
+        float64 = cfg.action_msg_type == "float64"
+        self._to_msg = to_float64_msg if float64 else to_float32_msg
+        self._node = node
+        # A lifecycle node's publisher sends only while the node is active.
+        self._lifecycle = isinstance(node, LifecycleNode)
+        create = node.create_lifecycle_publisher if self._lifecycle else node.create_publisher
+        message_type = Float64MultiArray if float64 else Float32MultiArray
+        self._publisher = create(message_type, "action", qos)
+
+    def publish(self, command: np.ndarray) -> None:
+        self._publisher.publish(self._to_msg(command, ("env", "action")))
+
+    def destroy(self) -> None:
+        if self._lifecycle:
+            self._node.destroy_lifecycle_publisher(self._publisher)
+        else:
+            self._node.destroy_publisher(self._publisher)

@@ -1,0 +1,317 @@
+"""The trainer's collect/update state machine, ROS-free: arrays and times in, decisions out.
+
+``TrainingLoop`` owns what the trainer decides: pairing the parts of a step
+(``StepSync``), episode statistics, the agent, whether a step is learned from, the
+episode-end wait, the observation the update bootstraps from, when to update and save,
+and the watchdog's consequences. Its caller (the trainer node, or the in-process demo)
+converts messages, keeps the clocks and carries out what the returned decisions say.
+Times: ``now`` is the node clock (sim time under use_sim_time) in seconds, ``steady`` a
+steady clock in seconds, ``stamp`` a message's reception time in ns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+import numpy as np
+
+from unilab_ros.rl.actions import ActionMapper
+from unilab_ros.rl.agent import PPOAgent
+from unilab_ros.rl.best import BestPolicy
+from unilab_ros.rl.checkpoint import all_finite
+from unilab_ros.rl.episodes import EpisodeStats
+from unilab_ros.stepper import SegmentStart, StepSync, Transition
+from unilab_ros.watchdog import Silence, Watchdog, WatchdogConfig
+
+UPDATE_TRIGGERS = ("rollout_full", "episode_end")
+COUNTERS = (
+    "rejected_observations",
+    "rejected_rewards",
+    "rejected_dones",
+    "discarded_during_update",
+    "watchdog_trips",
+    "safe_actions_published",
+    "nonfinite_actions",
+    "save_failures",
+    "save_requests_refused",
+)
+"""The trainer's counters besides the synchroniser's, in their reporting order."""
+
+
+@dataclass
+class LoopConfig:
+    """When the trainer stores, updates and stops."""
+
+    step_timeout: float = 1.0
+    """Seconds (node clock: sim time under use_sim_time) for reward, done and next
+    observation to follow an action; a late step is dropped and cuts the segment."""
+    update_trigger: str = "rollout_full"
+    """rollout_full: update as soon as the rollout is full; episode_end: then keep
+    acting without storing until every env's episode ends, and update while it resets."""
+    episode_end_timeout: float = 30.0
+    """Seconds (node clock) episode_end waits for the episodes to end before updating."""
+    checkpoint_interval: int = 50
+    """Save a checkpoint every this many iterations (and always on shutdown); 0: only then."""
+    max_iterations: int = 0
+    """Stop (and save) after this many iterations in total; 0 trains until stopped."""
+    training: bool = True
+    """Learn from the steps (else only act); see the ~/set_training service."""
+    deterministic: bool = False
+    """Act with the mean action (no learning from those steps); see ~/set_deterministic."""
+
+    def validate(self) -> None:
+        if self.step_timeout <= 0.0 or self.episode_end_timeout <= 0.0:
+            raise ValueError("step_timeout and episode_end_timeout must be positive")
+        if self.update_trigger not in UPDATE_TRIGGERS:
+            raise ValueError(f"update_trigger must be one of {UPDATE_TRIGGERS}")
+        if self.checkpoint_interval < 0 or self.max_iterations < 0:
+            raise ValueError("checkpoint_interval and max_iterations must be >= 0")
+
+
+class Phase(str, Enum):
+    WAITING = "waiting_for_observation"
+    COLLECTING = "collecting"
+    EPISODE_END = "waiting_for_episode_end"
+    UPDATING = "updating"
+    FINISHED = "finished"
+
+
+@dataclass(frozen=True)
+class PublishAction:
+    """Publish ``command`` (mapped and clipped, ready for the robot)."""
+
+    command: np.ndarray
+    nonfinite: bool = False
+    """The policy gave NaN or Inf: ``command`` is the safe action instead."""
+    restored: bool = False
+    """... and the model was non-finite: the last finite parameters are back."""
+
+
+@dataclass(frozen=True)
+class BeginUpdate:
+    """The rollout is complete: pause the simulator, then call ``update``."""
+
+
+@dataclass(frozen=True)
+class StepDropped:
+    """A step missed ``step_timeout`` and the segment is cut; ``then`` acts on a newer
+    observation the environment waits at, if there is one."""
+
+    then: PublishAction | None
+
+
+@dataclass(frozen=True)
+class Save:
+    """Write a checkpoint, for ``reason``."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Finished:
+    """``max_iterations`` reached: save and stop acting."""
+
+
+Decision = PublishAction | BeginUpdate | None
+
+
+class TrainingLoop:
+    """The trainer's decisions over one training session; see the module docstring."""
+
+    def __init__(
+        self,
+        cfg: LoopConfig,
+        agent: PPOAgent,
+        actions: ActionMapper,
+        stats: EpisodeStats | None = None,
+        best: BestPolicy | None = None,
+        watchdog: WatchdogConfig | None = None,
+    ) -> None:
+        cfg.validate()
+        self.cfg = cfg
+        self.agent = agent
+        self.actions = actions
+        self.stats = stats or EpisodeStats(agent.cfg.num_envs)
+        self.best = best
+        self.watchdog = Watchdog(watchdog or WatchdogConfig())
+        self.sync = StepSync(cfg.step_timeout)
+        self.counters = dict.fromkeys(COUNTERS, 0)
+        self.phase = Phase.WAITING
+        self.updates_run = 0
+        self._good_parameters = agent.model.parameters()
+        self._latest_obs: tuple[np.ndarray, int] | None = None
+        self._acted_stamp = 0
+        """Reception stamp of the observation the latest action answered."""
+        self._acted_by_sampling = False
+        self._bootstrap_obs: np.ndarray | None = None
+        self._episode_end_pending = np.zeros(agent.cfg.num_envs, bool)
+        self._episode_end_deadline = 0.0
+
+    def count(self, counter: str) -> int:
+        """Add one to ``counter`` (one of ``COUNTERS``); returns its new value."""
+        self.counters[counter] += 1
+        return self.counters[counter]
+
+    @property
+    def learning(self) -> bool:
+        return self.cfg.training and not self.cfg.deterministic
+
+    # Steps.
+
+    def on_observation(self, obs: np.ndarray, stamp: int, now: float, steady: float) -> Decision:
+        """A valid observation."""
+        self._latest_obs = (obs, stamp)
+        self.watchdog.observed(steady)
+        if self.phase is Phase.WAITING:
+            self.phase = Phase.COLLECTING
+        if not self._collecting():
+            return None
+        match self.sync.on_observation(obs, stamp):
+            case SegmentStart(obs=start, stamp=start_stamp):
+                return self._act(start, start_stamp, now)
+            case Transition() as step:
+                return self._complete(step, now)
+        return None
+
+    def on_reward(self, reward: np.ndarray, stamp: int, now: float) -> Decision:
+        """A valid reward."""
+        if not self._collecting():
+            return None
+        return self._complete(self.sync.on_reward(reward, stamp), now)
+
+    def on_done(self, done: np.ndarray, stamp: int, now: float) -> Decision:
+        """A valid done-code vector."""
+        if not self._collecting():
+            return None
+        return self._complete(self.sync.on_done(done, stamp), now)
+
+    def _collecting(self) -> bool:
+        """True while steps are taken; a valid message that arrives during an update
+        (e.g. while the simulator's pause is awaited) is counted as discarded."""
+        if self.phase is Phase.UPDATING:
+            self.count("discarded_during_update")
+        return self.phase in (Phase.COLLECTING, Phase.EPISODE_END)
+
+    def _complete(self, step: Transition | None, now: float) -> Decision:
+        if step is None:
+            return None
+        self.stats.add(step.reward, step.done)
+        if self.phase is Phase.COLLECTING and self.learning and self._acted_by_sampling:
+            if self.agent.record(step.obs, step.action, step.reward, step.done):
+                self._bootstrap_obs = step.next_obs
+                if self.cfg.update_trigger != "episode_end":
+                    return self._begin_update()
+                self.phase = Phase.EPISODE_END
+                self._episode_end_pending[:] = True
+                self._episode_end_deadline = now + self.cfg.episode_end_timeout
+        # Not elif: an env whose episode ends on the step that fills the rollout has ended.
+        if self.phase is Phase.EPISODE_END:
+            self._episode_end_pending &= step.done == 0
+            if not self._episode_end_pending.any() or now > self._episode_end_deadline:
+                return self._begin_update()
+        return self._act(step.next_obs, step.next_obs_stamp, now)
+
+    def _act(self, obs: np.ndarray, stamp: int, now: float) -> PublishAction:
+        actions = self.agent.act(obs, deterministic=self.cfg.deterministic)
+        command = self.actions(actions)
+        finite = bool(np.isfinite(command).all())
+        restored = False
+        if not finite:
+            # Whatever the model holds, no NaN or Inf reaches the robot.
+            command = self.actions.safe
+            self.count("nonfinite_actions")
+            restored = not all_finite(self.agent.model.parameters())
+            if restored:
+                self.agent.model.update(self._good_parameters)
+        self.sync.action_sent(obs, actions, stamp, now)
+        self._acted_stamp = stamp
+        # A mean action is no sample of the policy, nor is a safe action sent in its place:
+        # PPO must not learn from their steps, even if deterministic mode is switched off
+        # before the step completes.
+        self._acted_by_sampling = finite and not self.cfg.deterministic
+        return PublishAction(command, not finite, restored)
+
+    def _cut_segment(self) -> None:
+        """The step stream broke: no return is computed across the gap."""
+        self.agent.cut()
+        self.stats.cut()
+
+    def check_step_deadline(self, now: float) -> StepDropped | None:
+        """Drop the outstanding step if it is late."""
+        if not self.sync.expired(now):
+            return None
+        self._cut_segment()
+        # The environment waits for an action at the state it published last: when
+        # that came after the dropped step's observation, act on it now rather than
+        # leave the robot to the watchdog (or stalled, with watchdog_safe_action off).
+        latest = self._latest_obs
+        if latest is not None and latest[1] > self._acted_stamp:
+            return StepDropped(self._act(*latest, now))
+        return StepDropped(None)
+
+    def check_watchdog(self, steady: float) -> Silence | None:
+        """The silence while collecting, if observations stopped; its first check drops
+        the outstanding step and cuts the segment."""
+        if self.phase not in (Phase.COLLECTING, Phase.EPISODE_END):
+            return None
+        silence = self.watchdog.check(steady)
+        if silence is not None and silence.first:
+            self.count("watchdog_trips")
+            if self.sync.drop():
+                self._cut_segment()
+        return silence
+
+    # Updates.
+
+    def _begin_update(self) -> BeginUpdate:
+        self.phase = Phase.UPDATING
+        self.sync.reset()
+        return BeginUpdate()
+
+    def update(self) -> dict[str, float]:
+        """The PPO update on the collected rollout; its metrics."""
+        assert self._bootstrap_obs is not None
+        metrics = self.agent.update(self._bootstrap_obs)
+        parameters = self.agent.model.parameters()
+        # Kept for a later non-finite action (MLX arrays are immutable: references).
+        if all_finite(parameters):
+            self._good_parameters = parameters
+        self.updates_run += 1
+        return metrics
+
+    def after_update(self) -> Save | None:
+        """Offer the policy to ``best``; the checkpoint this iteration is due, if any."""
+        if self.best is not None:
+            self.best.offer(self.agent, self.stats)
+        interval = self.cfg.checkpoint_interval
+        if interval and self.agent.iteration % interval == 0:
+            return Save("interval")
+        return None
+
+    def resume(self, now: float, steady: float) -> PublishAction | Finished | None:
+        """The simulator runs again: act on the newest observation, or finish."""
+        if self.cfg.max_iterations and self.agent.iteration >= self.cfg.max_iterations:
+            self.phase = Phase.FINISHED
+            return Finished()
+        self.phase = Phase.COLLECTING
+        self.watchdog.observed(steady)
+        return self._act(*self._latest_obs, now) if self._latest_obs is not None else None
+
+    # Live switches.
+
+    def set_training(self, training: bool) -> None:
+        if self.cfg.training and not training:
+            self.agent.cut()
+        self.cfg.training = training
+
+    def set_deterministic(self, deterministic: bool) -> None:
+        # Mean actions are not samples of the policy: PPO must not learn from them.
+        if deterministic and not self.cfg.deterministic:
+            self.agent.cut()
+        self.cfg.deterministic = deterministic
+
+    def set_learning_rate(self, rate: float) -> None:
+        # The adaptive schedule goes on from this rate.
+        self.agent.trainer.learning_rate = rate
+        self.agent.ppo_cfg.learning_rate = rate
