@@ -360,7 +360,7 @@ def bench_size(size: Size, repeats: int, skip_reason: str | None, workdir: Path)
     )
     data_path = workdir / f"{size.name}.npz"
     ours_phase = build_ours(size, data_path)
-    from unilab_ros.rl.ppo import PPOConfig
+    from unilab_ros.rl.ppo_runtime import PPORuntimeConfig
 
     rsl_rl = None
     if skip_reason is None:
@@ -388,7 +388,7 @@ def bench_size(size: Size, repeats: int, skip_reason: str | None, workdir: Path)
         print(f"  rsl_rl skipped: {skip_reason}")
     our_median = statistics.median(ours)
     print(f"  ours   {our_median:8.3f} s  {size.samples / our_median:9.0f} samples/s"
-          f"  (first call {our_first:.3f} s, enable_compile={PPOConfig().enable_compile})")
+          f"  (first call {our_first:.3f} s, enable_compile={PPORuntimeConfig().enable_compile})")
     parts = breakdown(size, ours_phase, repeats)
     whole = parts.pop("whole")
     print(f"  ours breakdown (s per update of {whole:.3f} s; parts timed alone): "

@@ -13,6 +13,7 @@ from unilab_ros.rl.agent import AgentConfig, PPOAgent
 from unilab_ros.rl.distributions import diag_gaussian_log_prob
 from unilab_ros.rl.model import ModelConfig
 from unilab_ros.rl.ppo import PPOConfig
+from unilab_ros.rl.ppo_runtime import PPORuntimeConfig
 
 OBS_DIM, ACTION_DIM, NUM_STEPS = 3, 2, 8
 FAR = 50.0
@@ -26,9 +27,10 @@ def make_agent(num_envs: int = 4, normalize_observations: bool = True, **ppo) ->
                       num_steps=NUM_STEPS, seed=0)
     model = ModelConfig(actor_hidden_dims=[16], critic_hidden_dims=[16],
                         normalize_observations=normalize_observations)
-    fields = {"num_learning_epochs": 1, "num_mini_batches": 1, "enable_compile": False} | ppo
+    fields = {"num_learning_epochs": 1, "num_mini_batches": 1} | ppo
     bounds = fields.pop("action_bounds", None)
-    agent = PPOAgent(cfg, model, PPOConfig(**fields), action_bounds=bounds)
+    eager = PPORuntimeConfig(enable_compile=False)
+    agent = PPOAgent(cfg, model, PPOConfig(**fields), bounds, eager)
     # A larger output layer than the 0.01-gain init, so the mean depends on the inputs.
     last = agent.model.actor.layers[-1]
     last.weight = mx.array(np.random.default_rng(0).normal(size=last.weight.shape), mx.float32)

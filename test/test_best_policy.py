@@ -12,6 +12,7 @@ from unilab_ros.rl.best import BestPolicy
 from unilab_ros.rl.episodes import EpisodeStats
 from unilab_ros.rl.model import ModelConfig
 from unilab_ros.rl.ppo import PPOConfig
+from unilab_ros.rl.ppo_runtime import PPORuntimeConfig
 
 SIZES = AgentConfig(num_envs=2, obs_dim=3, action_dim=1, num_steps=4, seed=0)
 
@@ -20,8 +21,8 @@ def make_agent() -> PPOAgent:
     return PPOAgent(
         SIZES,
         ModelConfig(actor_hidden_dims=[8], critic_hidden_dims=[8]),
-        PPOConfig(num_learning_epochs=2, num_mini_batches=2, learning_rate=1e-2,
-                  enable_compile=False),
+        PPOConfig(num_learning_epochs=2, num_mini_batches=2, learning_rate=1e-2),
+        runtime_cfg=PPORuntimeConfig(enable_compile=False),
     )
 
 

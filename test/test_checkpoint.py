@@ -166,6 +166,32 @@ def test_the_action_mapping_travels_with_the_checkpoint(tmp_path):
     assert Checkpoint(save_checkpoint(tmp_path / "none", agent)).action_cfg is None
 
 
+def test_a_checkpoint_that_names_the_run_time_knobs_under_ppo_resumes(tmp_path):
+    """Files written while PPOConfig also held how the update runs name those fields in
+    their ppo metadata; they now belong to PPORuntimeConfig, which no checkpoint holds."""
+    agent = make_agent()
+    run_iterations(agent, 1, seed=1)
+    path = save_checkpoint(tmp_path / "new", agent)
+    arrays, meta = mx.load(str(path), return_metadata=True)
+    run_time = {
+        "finite_check_interval": 8,
+        "enable_compile": True,
+        "warmup_strict_iters": 0,
+        "warmup_finite_check_interval": 1,
+        "disable_finite_checks": False,
+    }
+    meta["ppo"] = json.dumps(json.loads(meta["ppo"]) | run_time)
+    old_path = tmp_path / "old.safetensors"
+    mx.save_safetensors(str(old_path), arrays, metadata=meta)
+    checkpoint = Checkpoint(old_path)
+    assert checkpoint.ppo_cfg == agent.ppo_cfg
+    assert sorted(checkpoint.ignored_fields) == sorted(f"ppo.{name}" for name in run_time)
+    resumed = make_agent()
+    restore_agent(resumed, checkpoint)
+    assert resumed.iteration == agent.iteration == 1
+    assert arrays_equal(resumed.model.parameters(), agent.model.parameters())
+
+
 @pytest.mark.parametrize("change", ["drop_kind", "extra_field", "bad_json"])
 def test_malformed_metadata_is_one_clear_error(tmp_path, change):
     path = save_checkpoint(tmp_path / "ok", make_agent())

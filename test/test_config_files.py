@@ -20,6 +20,7 @@ from unilab_ros.rl.actions import ActionConfig, ActionMapper
 from unilab_ros.rl.agent import AgentConfig
 from unilab_ros.rl.model import ModelConfig
 from unilab_ros.rl.ppo import PPOConfig
+from unilab_ros.rl.ppo_runtime import PPORuntimeConfig
 from unilab_ros.trainer_config import TrainerNodeConfig
 from unilab_ros.training_loop import LoopConfig
 from unilab_ros.watchdog import WatchdogConfig
@@ -37,6 +38,7 @@ NODE_CONFIGS: dict[str, list[tuple[str, type]]] = {
         ("", TrainerNodeConfig),
         ("model.", ModelConfig),
         ("ppo.", PPOConfig),
+        ("ppo.", PPORuntimeConfig),
     ],
     "unilab_policy": [
         ("", PolicyNodeConfig),

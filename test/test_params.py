@@ -18,6 +18,7 @@ from unilab_ros.rl.actions import ActionConfig
 from unilab_ros.rl.agent import AgentConfig
 from unilab_ros.rl.model import ModelConfig
 from unilab_ros.rl.ppo import PPOConfig
+from unilab_ros.rl.ppo_runtime import PPORuntimeConfig
 from unilab_ros.trainer_config import TrainerNodeConfig
 from unilab_ros.training_loop import LoopConfig
 from unilab_ros.watchdog import WatchdogConfig
@@ -56,6 +57,8 @@ def test_defaults_round_trip_for_every_config(make_node):
         (TrainerNodeConfig(), ""),
         (ModelConfig(), "model"),
         (PPOConfig(), "ppo"),
+        # Two configs under one prefix, as the trainer declares them.
+        (PPORuntimeConfig(), "ppo"),
     ]
     for config, prefix in configs:
         declare_config(node, config, prefix)

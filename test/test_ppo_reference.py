@@ -25,6 +25,7 @@ from unilab_ros.rl.buffer import TERMINATED, RolloutBuffer
 from unilab_ros.rl.distributions import diag_gaussian_log_prob
 from unilab_ros.rl.model import MLPActorCritic, ModelConfig
 from unilab_ros.rl.ppo import PPOConfig, PPOTrainer
+from unilab_ros.rl.ppo_runtime import PPORuntimeConfig
 
 OBS_DIM, ACTION_DIM = 3, 2
 NUM_ENVS, NUM_STEPS = 6, 8
@@ -227,10 +228,13 @@ def reference_config(**overrides: Any) -> PPOConfig:
         "use_clipped_value_loss": True,
         "max_grad_norm": 0.5,
         "schedule": "fixed",
-        "finite_check_interval": 1,
-        "enable_compile": False,
     }
     return PPOConfig(**(fields | overrides))
+
+
+def reference_runtime(enable_compile: bool = False) -> PPORuntimeConfig:
+    """Eager steps unless asked, checked after every one."""
+    return PPORuntimeConfig(enable_compile=enable_compile, finite_check_interval=1)
 
 
 @pytest.mark.parametrize("enable_compile", [False, True])
@@ -242,8 +246,10 @@ def test_update_matches_the_numpy_reference(enable_compile: bool) -> None:
     assert abs(float(np.std(buffer.advantages)) - 1.0) > 0.1
     batches = record_batches(buffer)
     before = params_of(model)
-    cfg = reference_config(enable_compile=enable_compile)
-    metrics = PPOTrainer(model, cfg, seed=5).update(buffer)
+    cfg = reference_config()
+    metrics = PPOTrainer(model, cfg, seed=5, runtime=reference_runtime(enable_compile)).update(
+        buffer
+    )
     assert metrics["updates_applied"] == 6.0 and len(batches) == 6
     for batch in batches:
         served = batch["advantages"]
@@ -266,8 +272,9 @@ def test_compiled_and_eager_updates_give_the_same_parameters() -> None:
     results = []
     for enable_compile in (False, True):
         model = make_model()
-        cfg = reference_config(enable_compile=enable_compile, schedule="adaptive")
-        PPOTrainer(model, cfg, seed=7).update(filled_buffer(model))
+        cfg = reference_config(schedule="adaptive")
+        runtime = reference_runtime(enable_compile)
+        PPOTrainer(model, cfg, seed=7, runtime=runtime).update(filled_buffer(model))
         results.append(params_of(model))
     eager, compiled = results
     for name, value in eager.items():
@@ -283,7 +290,7 @@ def test_compile_failure_is_logged_once_and_updates_run_eager(
     model = make_model()
     monkeypatch.setattr(mx, "compile", broken_compile)
     with caplog.at_level(logging.WARNING):
-        trainer = PPOTrainer(model, reference_config(enable_compile=True))
+        trainer = PPOTrainer(model, reference_config(), runtime=reference_runtime(True))
         for seed in range(2):
             metrics = trainer.update(filled_buffer(model, seed=seed))
             assert metrics["updates_applied"] == 6.0
@@ -296,10 +303,11 @@ def test_a_jit_failure_at_the_first_evaluation_falls_back(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     reference = make_model()
-    PPOTrainer(reference, reference_config()).update(filled_buffer(reference))
+    eager = PPOTrainer(reference, reference_config(), runtime=reference_runtime())
+    eager.update(filled_buffer(reference))
     model = make_model()
     buffer = filled_buffer(model)
-    trainer = PPOTrainer(model, reference_config(enable_compile=True))
+    trainer = PPOTrainer(model, reference_config(), runtime=reference_runtime(True))
     evaluate = mx.eval
     calls = []
 
@@ -416,7 +424,7 @@ def test_update_matches_rsl_rl(schedule: str) -> None:
     storage.step = NUM_STEPS
     algorithm.update()
 
-    trainer = PPOTrainer(model, cfg)
+    trainer = PPOTrainer(model, cfg, runtime=reference_runtime())
     metrics = trainer.update(buffer)
     ours = params_of(model)
     assert trainer.learning_rate == pytest.approx(algorithm.learning_rate, rel=1e-5)

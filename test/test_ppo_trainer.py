@@ -15,6 +15,7 @@ from unilab_ros.rl.buffer import RolloutBuffer
 from unilab_ros.rl.distributions import diag_gaussian_log_prob
 from unilab_ros.rl.model import MLPActorCritic, ModelConfig
 from unilab_ros.rl.ppo import PPOConfig, PPOTrainer
+from unilab_ros.rl.ppo_runtime import PPORuntimeConfig
 
 OBS_DIM, ACTION_DIM = 3, 2
 
@@ -45,12 +46,24 @@ REFERENCE_METRIC_KEYS = {
 
 
 def ppo_config(**overrides) -> PPOConfig:
-    """Small test settings. Compiled steps are opted into per test: on CPU, mx.compile
-    builds its fused kernels with the C++ compiler on first use (about a second each, cached
-    under $TMPDIR/mlx), so the compiled tests share one mini-batch shape (8 of 32 samples).
-    """
-    fields = {"num_learning_epochs": 2, "num_mini_batches": 4, "enable_compile": False}
+    """Small test settings."""
+    fields = {"num_learning_epochs": 2, "num_mini_batches": 4}
     return PPOConfig(**(fields | overrides))
+
+
+def make_trainer(
+    model: MLPActorCritic,
+    cfg: PPOConfig,
+    seed: int = 0,
+    action_bounds: tuple[np.ndarray, np.ndarray] | None = None,
+    **runtime,
+) -> PPOTrainer:
+    """A trainer with ``runtime`` settings. Compiled steps are opted into per test: on CPU,
+    mx.compile builds its fused kernels with the C++ compiler on first use (about a second
+    each, cached under $TMPDIR/mlx), so the compiled tests share one mini-batch shape (8 of
+    32 samples)."""
+    settings = PPORuntimeConfig(**({"enable_compile": False} | runtime))
+    return PPOTrainer(model, cfg, seed, action_bounds, settings)
 
 
 def make_model(seed: int = 0) -> MLPActorCritic:
@@ -112,7 +125,7 @@ def assert_all_finite(state: dict) -> None:
 
 def test_metric_keys_are_the_reference_keys_and_values_are_floats():
     model = make_model()
-    metrics = PPOTrainer(model, ppo_config(enable_compile=True)).update(filled_buffer(model))
+    metrics = make_trainer(model, ppo_config(), enable_compile=True).update(filled_buffer(model))
     assert set(metrics) == REFERENCE_METRIC_KEYS
     assert all(type(value) is float for value in metrics.values())
     assert all(math.isfinite(value) for value in metrics.values())
@@ -121,7 +134,7 @@ def test_metric_keys_are_the_reference_keys_and_values_are_floats():
 def test_first_update_starts_on_policy_and_moves_the_parameters():
     model = make_model()
     cfg = ppo_config(num_learning_epochs=1, num_mini_batches=1)
-    trainer = PPOTrainer(model, cfg)
+    trainer = make_trainer(model, cfg)
     before = state_copy(trainer)
     metrics = trainer.update(filled_buffer(model))
     # One mini-batch of the rollout's own policy: ratio exactly 1, nothing clipped.
@@ -144,7 +157,7 @@ def test_first_update_starts_on_policy_and_moves_the_parameters():
 def test_any_rollout_size_with_any_mini_batch_count(num_envs, num_steps, num_mini_batches):
     model = make_model()
     cfg = ppo_config(num_mini_batches=num_mini_batches)
-    metrics = PPOTrainer(model, cfg).update(filled_buffer(model, num_envs, num_steps))
+    metrics = make_trainer(model, cfg).update(filled_buffer(model, num_envs, num_steps))
     assert metrics["updates_applied"] == 2 * num_mini_batches
     assert metrics["rolled_back_updates"] == 0.0
     assert all(math.isfinite(value) for value in metrics.values())
@@ -156,8 +169,8 @@ def test_nan_in_every_mini_batch_rolls_everything_back(enable_compile):
     buffer = filled_buffer(model)
     buffer.returns[:] = np.nan
     # Default check interval (8) with 4 steps: only the end-of-update check catches it.
-    cfg = ppo_config(num_learning_epochs=1, enable_compile=enable_compile)
-    trainer = PPOTrainer(model, cfg)
+    cfg = ppo_config(num_learning_epochs=1)
+    trainer = make_trainer(model, cfg, enable_compile=enable_compile)
     before = state_copy(trainer)
     metrics = trainer.update(buffer)
     after = state_copy(trainer)
@@ -194,8 +207,9 @@ def poison_last_batch(
 def test_nan_mini_batch_is_rolled_back_to_the_state_before_it(field, enable_compile):
     model = make_model()
     buffer = filled_buffer(model)
-    cfg = ppo_config(finite_check_interval=1, enable_compile=enable_compile)
-    trainer = PPOTrainer(model, cfg)
+    trainer = make_trainer(
+        model, ppo_config(), finite_check_interval=1, enable_compile=enable_compile
+    )
     recorded: list = []
     poison_last_batch(buffer, trainer, field, recorded)
     metrics = trainer.update(buffer)
@@ -221,13 +235,14 @@ def test_check_interval_decides_how_far_a_bad_step_rolls_back(
 ):
     model = make_model()
     buffer = filled_buffer(model)
-    cfg = ppo_config(
+    trainer = make_trainer(
+        model,
+        ppo_config(),
         finite_check_interval=8,
         warmup_strict_iters=1,
         warmup_finite_check_interval=1,
         disable_finite_checks=disable_finite_checks,
     )
-    trainer = PPOTrainer(model, cfg)
     initial = state_copy(trainer)
     recorded: list = []
     poison_last_batch(buffer, trainer, "returns", recorded)
@@ -243,8 +258,8 @@ def test_nan_gradients_of_one_step_are_rolled_back(monkeypatch):
     model = make_model()
     buffer = filled_buffer(model)
     # Eager steps, so the patched gradient function runs at every step, not once in a trace.
-    cfg = ppo_config(num_mini_batches=2, finite_check_interval=1, enable_compile=False)
-    trainer = PPOTrainer(model, cfg)
+    cfg = ppo_config(num_mini_batches=2)
+    trainer = make_trainer(model, cfg, finite_check_interval=1, enable_compile=False)
     loss_and_grad = trainer._loss_and_grad
     calls: list[dict] = []
 
@@ -339,8 +354,8 @@ STEERED_KLS = [0.3, 0.3, 0.3, 0.001, 0.001, 0.01, 0.001, 0.015]
 @pytest.mark.parametrize("enable_compile", [True, False])
 def test_adaptive_rate_follows_rsl_rl_mini_batch_by_mini_batch(bounds, enable_compile):
     model = make_model()
-    cfg = adaptive_config(enable_compile=enable_compile, **bounds)
-    trainer = PPOTrainer(model, cfg)
+    cfg = adaptive_config(**bounds)
+    trainer = make_trainer(model, cfg, enable_compile=enable_compile)
     buffer = filled_buffer(model)
     seen: list = []
     steer_kls(buffer, trainer, STEERED_KLS, seen)
@@ -375,7 +390,7 @@ def test_adaptive_rate_follows_rsl_rl_mini_batch_by_mini_batch(bounds, enable_co
 def test_the_rate_adapted_on_a_mini_batch_drives_that_mini_batchs_step(schedule, kl, factor):
     model = make_model()
     cfg = adaptive_config(schedule=schedule, num_learning_epochs=1, num_mini_batches=1)
-    trainer = PPOTrainer(model, cfg)
+    trainer = make_trainer(model, cfg)
     buffer = filled_buffer(model)
     steer_kls(buffer, trainer, [kl], [])
     before = state_copy(trainer)
@@ -399,7 +414,7 @@ def test_the_rate_adapted_on_a_mini_batch_drives_that_mini_batchs_step(schedule,
     ],
 )
 def test_rsl_rl_rule_on_one_kl(kl, factor):
-    trainer = PPOTrainer(make_model(), adaptive_config())
+    trainer = make_trainer(make_model(), adaptive_config())
     trainer._adapt_learning_rate(mx.array(kl, mx.float32))
     assert trainer.learning_rate == pytest.approx(1e-3 * factor, rel=1e-6)
 
@@ -407,8 +422,8 @@ def test_rsl_rl_rule_on_one_kl(kl, factor):
 @pytest.mark.parametrize("enable_compile", [True, False])
 def test_adaptive_rate_falls_when_kl_is_large(enable_compile):
     model = make_model()
-    cfg = adaptive_config(min_learning_rate=1e-7, enable_compile=enable_compile)
-    trainer = PPOTrainer(model, cfg)
+    cfg = adaptive_config(min_learning_rate=1e-7)
+    trainer = make_trainer(model, cfg, enable_compile=enable_compile)
     # An old policy 1.0 away in each of 2 dims: KL about 1.5, far above 2 * desired_kl.
     metrics = trainer.update(filled_buffer(model, old_mean_offset=1.0))
     assert metrics["approx_kl"] > 2.0 * cfg.desired_kl
@@ -421,9 +436,8 @@ def test_adaptive_rate_falls_when_kl_is_large(enable_compile):
 @pytest.mark.parametrize("enable_compile", [True, False])
 def test_adaptive_rate_rises_when_kl_is_tiny(enable_compile):
     model = make_model()
-    cfg = adaptive_config(learning_rate=1e-5, min_learning_rate=1e-6,
-                          enable_compile=enable_compile)
-    trainer = PPOTrainer(model, cfg)
+    cfg = adaptive_config(learning_rate=1e-5, min_learning_rate=1e-6)
+    trainer = make_trainer(model, cfg, enable_compile=enable_compile)
     # KL about 2 * 0.01**2 / (2 * 0.8**2) = 1.6e-4: positive, and far below desired_kl / 2.
     metrics = trainer.update(filled_buffer(model, old_mean_offset=0.01))
     assert 0.0 < metrics["approx_kl"] < 0.5 * cfg.desired_kl
@@ -434,19 +448,19 @@ def test_adaptive_rate_rises_when_kl_is_tiny(enable_compile):
 def test_adaptive_rate_respects_its_bounds():
     model = make_model()
     cfg = adaptive_config(min_learning_rate=5e-4)
-    metrics = PPOTrainer(model, cfg).update(filled_buffer(model, old_mean_offset=1.0))
+    metrics = make_trainer(model, cfg).update(filled_buffer(model, old_mean_offset=1.0))
     assert metrics["learning_rate"] == pytest.approx(5e-4)
 
     model = make_model()
     cfg = adaptive_config(learning_rate=1e-5, min_learning_rate=1e-6, max_learning_rate=1.5e-5)
-    metrics = PPOTrainer(model, cfg).update(filled_buffer(model, old_mean_offset=0.01))
+    metrics = make_trainer(model, cfg).update(filled_buffer(model, old_mean_offset=0.01))
     assert metrics["learning_rate"] == pytest.approx(1.5e-5)
 
 
 def test_fixed_schedule_keeps_the_rate():
     model = make_model()
     cfg = adaptive_config(schedule="fixed")
-    metrics = PPOTrainer(model, cfg).update(filled_buffer(model, old_mean_offset=1.0))
+    metrics = make_trainer(model, cfg).update(filled_buffer(model, old_mean_offset=1.0))
     assert metrics["learning_rate"] == pytest.approx(cfg.learning_rate)
     assert metrics["learning_rate_min"] == metrics["learning_rate_max"] == metrics[
         "learning_rate"]
@@ -455,8 +469,8 @@ def test_fixed_schedule_keeps_the_rate():
 @pytest.mark.parametrize("enable_compile", [True, False])
 def test_target_kl_stop_on_the_first_mini_batch_changes_nothing(enable_compile):
     model = make_model()
-    cfg = ppo_config(num_learning_epochs=4, target_kl_stop=0.05, enable_compile=enable_compile)
-    trainer = PPOTrainer(model, cfg)
+    cfg = ppo_config(num_learning_epochs=4, target_kl_stop=0.05)
+    trainer = make_trainer(model, cfg, enable_compile=enable_compile)
     before = state_copy(trainer)
     metrics = trainer.update(filled_buffer(model, old_mean_offset=1.0))
     assert metrics["early_stopped_kl"] == 1.0
@@ -469,8 +483,8 @@ def test_target_kl_stop_on_the_first_mini_batch_changes_nothing(enable_compile):
 @pytest.mark.parametrize("enable_compile", [True, False])
 def test_target_kl_stop_drops_the_step_over_the_target_and_ends_the_epochs(enable_compile):
     model = make_model()
-    cfg = ppo_config(num_learning_epochs=4, target_kl_stop=0.05, enable_compile=enable_compile)
-    trainer = PPOTrainer(model, cfg)
+    cfg = ppo_config(num_learning_epochs=4, target_kl_stop=0.05)
+    trainer = make_trainer(model, cfg, enable_compile=enable_compile)
     buffer = filled_buffer(model)
     seen: list = []
     steer_kls(buffer, trainer, [0.001, 0.002, 0.2] + [0.001] * 13, seen)
@@ -497,7 +511,7 @@ def test_target_kl_stop_drops_the_step_over_the_target_and_ends_the_epochs(enabl
 def test_target_kl_stop_keeps_the_rate_the_schedule_set_for_the_stopped_step():
     model = make_model()
     cfg = adaptive_config(target_kl_stop=0.05)
-    trainer = PPOTrainer(model, cfg)
+    trainer = make_trainer(model, cfg)
     buffer = filled_buffer(model)
     steer_kls(buffer, trainer, [0.001, 0.3] + [0.001] * 6, [])
     metrics = trainer.update(buffer)
@@ -511,7 +525,7 @@ def test_target_kl_stop_keeps_the_rate_the_schedule_set_for_the_stopped_step():
 def test_target_kl_stop_does_not_fire_below_the_target():
     model = make_model()
     cfg = ppo_config(target_kl_stop=10.0)
-    metrics = PPOTrainer(model, cfg).update(filled_buffer(model, old_mean_offset=0.01))
+    metrics = make_trainer(model, cfg).update(filled_buffer(model, old_mean_offset=0.01))
     assert metrics["early_stopped_kl"] == 0.0
     assert metrics["updates_applied"] == 8.0
 
@@ -544,7 +558,7 @@ def record_batches(buffer: RolloutBuffer) -> list[np.ndarray]:
 
 def test_advantages_are_normalized_once_over_the_rollout():
     model = make_model()
-    trainer = PPOTrainer(model, ppo_config(num_learning_epochs=1))
+    trainer = make_trainer(model, ppo_config(num_learning_epochs=1))
     buffer = filled_buffer(model)
     raw = set_advantages(buffer, scale=3.0, offset=5.0).astype(np.float64)
     served = record_batches(buffer)
@@ -562,7 +576,7 @@ def test_advantages_are_normalized_once_over_the_rollout():
 
 def test_per_mini_batch_flag_normalizes_each_mini_batch_alone():
     model = make_model()
-    trainer = PPOTrainer(model, ppo_config(normalize_advantage_per_mini_batch=True))
+    trainer = make_trainer(model, ppo_config(normalize_advantage_per_mini_batch=True))
     buffer = filled_buffer(model)
     raw = set_advantages(buffer, scale=3.0, offset=5.0)
     served = record_batches(buffer)
@@ -579,7 +593,7 @@ def test_a_rollout_with_almost_no_advantage_spread_is_not_blown_up(per_mini_batc
     model = make_model()
     cfg = ppo_config(num_learning_epochs=1, advantage_std_floor=floor,
                      normalize_advantage_per_mini_batch=per_mini_batch)
-    trainer = PPOTrainer(model, cfg)
+    trainer = make_trainer(model, cfg)
     first = filled_buffer(model)
     first_std = float(np.std(set_advantages(first, scale=2.0)))
     assert trainer.update(first)["adv_std_floor"] == 0.0
@@ -647,7 +661,7 @@ def actor_state(model: MLPActorCritic) -> dict[str, np.ndarray]:
 def test_bounds_loss_is_the_squared_excess_beyond_the_limits(mean, loss, out_of_bounds):
     model = constant_mean_model(mean)
     cfg = ppo_config(num_learning_epochs=1, num_mini_batches=1, bounds_loss_coef=1.0)
-    trainer = PPOTrainer(model, cfg, action_bounds=BOUNDS)
+    trainer = make_trainer(model, cfg, action_bounds=BOUNDS)
     before = actor_state(model)
     metrics = trainer.update(zero_advantage_buffer(model))
     assert metrics["bounds_loss"] == pytest.approx(loss, rel=1e-5)
@@ -664,7 +678,7 @@ def test_bounds_loss_pulls_a_mean_outside_the_limits_back_inside(coef):
     # Full-batch steps: the pull is the same for every sample.
     cfg = ppo_config(bounds_loss_coef=coef, learning_rate=0.02, num_mini_batches=1,
                      num_learning_epochs=8)
-    trainer = PPOTrainer(model, cfg, action_bounds=BOUNDS)
+    trainer = make_trainer(model, cfg, action_bounds=BOUNDS)
     buffer = zero_advantage_buffer(model)
     obs = mx.array(buffer.observations.reshape(-1, OBS_DIM))
     before = actor_state(model)
@@ -685,7 +699,7 @@ def test_bounds_loss_pulls_a_mean_outside_the_limits_back_inside(coef):
 def test_no_action_bounds_means_no_bounds_loss():
     model = constant_mean_model([30.0, -20.0])
     cfg = ppo_config(num_learning_epochs=1, bounds_loss_coef=1.0)
-    metrics = PPOTrainer(model, cfg).update(zero_advantage_buffer(model))
+    metrics = make_trainer(model, cfg).update(zero_advantage_buffer(model))
     assert metrics["bounds_loss"] == 0.0 and metrics["mean_out_of_bounds"] == 0.0
 
 
@@ -693,8 +707,7 @@ def test_compiled_and_eager_updates_agree():
     results = []
     for enable_compile in (True, False):
         model = make_model()
-        cfg = adaptive_config(enable_compile=enable_compile)
-        trainer = PPOTrainer(model, cfg, seed=3)
+        trainer = make_trainer(model, adaptive_config(), seed=3, enable_compile=enable_compile)
         metrics = trainer.update(filled_buffer(model, old_mean_offset=0.3))
         results.append((state_copy(trainer), metrics))
     (compiled, compiled_metrics), (eager, eager_metrics) = results
@@ -706,7 +719,7 @@ def test_compiled_and_eager_updates_agree():
 
 def test_compile_failure_falls_back_to_eager_and_says_so(monkeypatch, caplog):
     model = make_model()
-    trainer = PPOTrainer(model, ppo_config(num_learning_epochs=1, enable_compile=True))
+    trainer = make_trainer(model, ppo_config(num_learning_epochs=1), enable_compile=True)
 
     def broken_compiled_step(*_args):
         raise RuntimeError("cannot compile this")
@@ -728,8 +741,6 @@ def test_default_config_is_valid():
     [
         {"num_learning_epochs": 0},
         {"num_mini_batches": 0},
-        {"finite_check_interval": 0},
-        {"warmup_finite_check_interval": 0},
         {"schedule": "cosine"},
         {"gamma": 1.5},
         {"lam": -0.1},
@@ -737,7 +748,6 @@ def test_default_config_is_valid():
         {"clip_param": -0.2},
         {"min_learning_rate": 0.0},
         {"min_learning_rate": 1e-2, "max_learning_rate": 1e-3},
-        {"warmup_strict_iters": -1},
         {"target_kl_stop": -0.1},
         {"advantage_std_floor": -0.1},
         {"bounds_loss_coef": -1.0},
@@ -750,6 +760,21 @@ def test_validate_rejects_bad_values(overrides):
         PPOConfig(**overrides).validate()
     with pytest.raises(ValueError):
         PPOTrainer(make_model(), PPOConfig(**overrides))
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"finite_check_interval": 0},
+        {"warmup_finite_check_interval": 0},
+        {"warmup_strict_iters": -1},
+    ],
+)
+def test_runtime_validate_rejects_bad_values(overrides):
+    with pytest.raises(ValueError):
+        PPORuntimeConfig(**overrides).validate()
+    with pytest.raises(ValueError):
+        PPOTrainer(make_model(), PPOConfig(), runtime=PPORuntimeConfig(**overrides))
 
 
 @pytest.mark.parametrize(

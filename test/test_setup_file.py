@@ -11,6 +11,7 @@ from unilab_ros.rl.actions import ActionConfig, ActionMapper
 from unilab_ros.rl.agent import AgentConfig
 from unilab_ros.rl.model import ModelConfig
 from unilab_ros.rl.ppo import PPOConfig
+from unilab_ros.rl.ppo_runtime import PPORuntimeConfig
 from unilab_ros.rl.setup_file import load_setup
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "config"
@@ -80,6 +81,8 @@ def test_namespaced_partial_file_with_node_only_keys(tmp_path: Path):
       target_kl_stop: 0.03
       bounds_loss_coef: 2.0
       advantage_std_floor: 0.0
+      enable_compile: false      # how the update runs: the same section, its own config
+      finite_check_interval: 2
 """
     )
     setup = load_setup(path)
@@ -95,6 +98,7 @@ def test_namespaced_partial_file_with_node_only_keys(tmp_path: Path):
     ppo = setup.ppo
     assert (ppo.schedule, ppo.target_kl_stop, ppo.bounds_loss_coef) == ("adaptive", 0.03, 2.0)
     assert ppo.advantage_std_floor == 0.0 and ppo.gamma == PPOConfig().gamma
+    assert setup.runtime == PPORuntimeConfig(enable_compile=False, finite_check_interval=2)
 
     # A seed of the trainer's own wins over the bridge's.
     text = path.read_text().replace("    num_envs: 4\n", "    num_envs: 4\n    seed: 3\n")
@@ -118,5 +122,6 @@ def test_every_shipped_trainer_file_loads_into_valid_configs(name: str):
     setup.agent.validate()
     setup.model.validate()
     setup.ppo.validate()
+    setup.runtime.validate()
     low, high = ActionMapper(setup.actions, 1, setup.agent.action_dim).policy_bounds()
     assert (low < high).all()

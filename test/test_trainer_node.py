@@ -35,6 +35,7 @@ from std_srvs.srv import Empty, SetBool, Trigger
 from unilab_ros.messages import read_matrix, to_float32_msg, to_uint8_msg
 from unilab_ros.params import unknown_parameters
 from unilab_ros.rl.checkpoint import Checkpoint
+from unilab_ros.rl.ppo_runtime import PPORuntimeConfig
 from unilab_ros.trainer_node import TrainerNode
 
 pytestmark = pytest.mark.ros
@@ -711,6 +712,42 @@ def test_services_and_parameters_stay_in_agreement(make_env):
 def test_an_unknown_parameter_name_is_named(make_env):
     env = make_env(**{"ppo.learning_rte": 0.1})
     assert unknown_parameters(env.trainer) == ["ppo.learning_rte"]
+
+
+def test_a_params_file_keeps_setting_how_the_update_runs_under_ppo(tmp_path):
+    """The run-time knobs left PPOConfig but kept their ``ppo.*`` names: older params
+    files still set them, and nothing is reported unknown."""
+    params_file = tmp_path / "params.yaml"
+    params_file.write_text(
+        "/**/unilab_trainer:\n"
+        "  ros__parameters:\n"
+        "    ppo:\n"
+        "      learning_rate: 0.001\n"
+        "      enable_compile: false\n"
+        "      finite_check_interval: 3\n"
+        "      warmup_strict_iters: 2\n"
+    )
+    context = rclpy.Context()
+    rclpy.init(args=["--ros-args", "--params-file", str(params_file)], context=context)
+    params = small_params(checkpoint_dir=str(tmp_path), warm_up_update=False)
+    try:
+        trainer = TrainerNode(
+            context=context,
+            parameter_overrides=[Parameter(name, value=value) for name, value in params.items()],
+        )
+        try:
+            assert unknown_parameters(trainer) == []
+            agent = trainer.agent
+            assert agent.ppo_cfg.learning_rate == 0.001
+            expected = PPORuntimeConfig(
+                enable_compile=False, finite_check_interval=3, warmup_strict_iters=2
+            )
+            assert agent.runtime_cfg == agent.trainer.runtime == expected
+        finally:
+            trainer.close()
+            trainer.destroy_node()
+    finally:
+        rclpy.try_shutdown(context=context)
 
 
 def test_a_folder_that_refuses_writes_does_not_stop_training(make_env, tmp_path):

@@ -16,6 +16,7 @@ from unilab_ros.rl.agent import AgentConfig, PPOAgent
 from unilab_ros.rl.best import BestPolicy
 from unilab_ros.rl.model import ModelConfig
 from unilab_ros.rl.ppo import PPOConfig
+from unilab_ros.rl.ppo_runtime import PPORuntimeConfig
 from unilab_ros.training_loop import (
     BeginUpdate,
     Finished,
@@ -42,7 +43,8 @@ class Driver:
         agent = PPOAgent(
             AgentConfig(NUM_ENVS, OBS_DIM, ACTION_DIM, NUM_STEPS),
             ModelConfig(actor_hidden_dims=[8], critic_hidden_dims=[8]),
-            PPOConfig(num_learning_epochs=2, num_mini_batches=1, enable_compile=False),
+            PPOConfig(num_learning_epochs=2, num_mini_batches=1),
+            runtime_cfg=PPORuntimeConfig(enable_compile=False),
         )
         actions = ActionMapper(ActionConfig(safe_action=[SAFE]), NUM_ENVS, ACTION_DIM)
         self.best = BestPolicy(min_episodes=1)

@@ -54,6 +54,7 @@ from unilab_ros.rl.checkpoint import (
 from unilab_ros.rl.episodes import EpisodeStats
 from unilab_ros.rl.model import ModelConfig
 from unilab_ros.rl.ppo import PPOConfig
+from unilab_ros.rl.ppo_runtime import PPORuntimeConfig
 from unilab_ros.sim_pause import SimPause
 from unilab_ros.trainer_config import TrainerNodeConfig
 from unilab_ros.training_loop import (
@@ -108,6 +109,7 @@ class TrainerNode(Node):
             (TrainerNodeConfig(), ""),
             (ModelConfig(), "model"),
             (PPOConfig(), "ppo"),
+            (PPORuntimeConfig(), "ppo"),
         ):
             declare_config(self, config, prefix, LIVE_PARAMETERS)
         warn_unknown_parameters(self)
@@ -119,18 +121,21 @@ class TrainerNode(Node):
         try:
             model_cfg = read_config(self, ModelConfig, "model")
             ppo_cfg = read_config(self, PPOConfig, "ppo")
+            runtime_cfg = read_config(self, PPORuntimeConfig, "ppo")
             self._action_cfg = read_config(self, ActionConfig)
             actions = ActionMapper(self._action_cfg, agent_cfg.num_envs, agent_cfg.action_dim)
             # Opened first: a bad path is reported alone, before any warm-up.
             checkpoint = Checkpoint(self.cfg.resume_from) if self.cfg.resume_from else None
             if self.cfg.warm_up_update:
                 # Before the agent: the warm-up reseeds MLX, and the agent seeds it again.
-                seconds = warm_up_update(agent_cfg, model_cfg, ppo_cfg)
+                seconds = warm_up_update(agent_cfg, model_cfg, ppo_cfg, runtime_cfg)
                 self.get_logger().info(
                     f"start-up: one throwaway PPO update compiled MLX's kernels in "
                     f"{seconds:.1f} s, before the first action (cached on disk afterwards)"
                 )
-            agent = PPOAgent(agent_cfg, model_cfg, ppo_cfg, action_bounds=actions.policy_bounds())
+            agent = PPOAgent(
+                agent_cfg, model_cfg, ppo_cfg, actions.policy_bounds(), runtime_cfg
+            )
             if checkpoint is not None:
                 restore_agent(agent, checkpoint)
         except (ValueError, CheckpointError) as error:
@@ -324,7 +329,7 @@ class TrainerNode(Node):
     def _run_update(self) -> None:
         if self.cfg.update_safe_action:
             self._publish_safe_action()
-        first_compile = self.agent.ppo_cfg.enable_compile and not self.cfg.warm_up_update
+        first_compile = self.agent.runtime_cfg.enable_compile and not self.cfg.warm_up_update
         if self.loop.updates_run == 0 and first_compile:
             self.get_logger().info(
                 "first update: MLX compiles its kernels (up to a minute on a new machine; "

@@ -12,6 +12,7 @@ from unilab_ros.rl.agent import AgentConfig, PPOAgent  # noqa: E402
 from unilab_ros.rl.buffer import RolloutBuffer  # noqa: E402
 from unilab_ros.rl.model import MLPActorCritic, ModelConfig  # noqa: E402
 from unilab_ros.rl.ppo import PPOConfig, PPOTrainer  # noqa: E402
+from unilab_ros.rl.ppo_runtime import PPORuntimeConfig  # noqa: E402
 
 __all__ = [
     "AgentConfig",
@@ -19,6 +20,7 @@ __all__ = [
     "ModelConfig",
     "PPOAgent",
     "PPOConfig",
+    "PPORuntimeConfig",
     "PPOTrainer",
     "RolloutBuffer",
 ]

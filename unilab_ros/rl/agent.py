@@ -13,6 +13,7 @@ from unilab_ros.rl.buffer import RolloutBuffer
 from unilab_ros.rl.model import MLPActorCritic, ModelConfig
 from unilab_ros.rl.policy import PolicySampler
 from unilab_ros.rl.ppo import PPOConfig, PPOTrainer
+from unilab_ros.rl.ppo_runtime import PPORuntimeConfig
 
 _LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
 
@@ -52,7 +53,7 @@ class PPOAgent:
     policy and the normalizer do not change while a rollout is collected), and the
     rollout enters the observation normalizer only after the epochs.
     ``action_bounds`` (policy units, see ``ActionMapper.policy_bounds``) feed the bounds
-    loss.
+    loss. ``runtime_cfg`` says how the update runs (compilation, NaN/Inf checks).
     """
 
     def __init__(
@@ -61,10 +62,12 @@ class PPOAgent:
         model_cfg: ModelConfig | None = None,
         ppo_cfg: PPOConfig | None = None,
         action_bounds: tuple[np.ndarray, np.ndarray] | None = None,
+        runtime_cfg: PPORuntimeConfig | None = None,
     ) -> None:
         cfg.validate()
         self.cfg = cfg
         self.ppo_cfg = ppo_cfg or PPOConfig()
+        self.runtime_cfg = runtime_cfg or PPORuntimeConfig()
         rollout = cfg.num_envs * cfg.num_steps
         if self.ppo_cfg.num_mini_batches > rollout:
             raise ValueError(
@@ -74,7 +77,9 @@ class PPOAgent:
         self.model_cfg = model_cfg or ModelConfig()
         mx.random.seed(cfg.seed)
         self.model = MLPActorCritic(cfg.obs_dim, cfg.action_dim, self.model_cfg)
-        self.trainer = PPOTrainer(self.model, self.ppo_cfg, cfg.seed + 1, action_bounds)
+        self.trainer = PPOTrainer(
+            self.model, self.ppo_cfg, cfg.seed + 1, action_bounds, self.runtime_cfg
+        )
         self.buffer = RolloutBuffer(
             cfg.num_steps,
             cfg.num_envs,
@@ -152,7 +157,10 @@ class PPOAgent:
 
 
 def warm_up_update(
-    cfg: AgentConfig, model_cfg: ModelConfig | None = None, ppo_cfg: PPOConfig | None = None
+    cfg: AgentConfig,
+    model_cfg: ModelConfig | None = None,
+    ppo_cfg: PPOConfig | None = None,
+    runtime_cfg: PPORuntimeConfig | None = None,
 ) -> float:
     """Run one PPO update of a throwaway agent of these sizes; return its seconds.
 
@@ -163,7 +171,7 @@ def warm_up_update(
     state again, so training goes exactly as without it.
     """
     start = time.perf_counter()
-    agent = PPOAgent(cfg, model_cfg, ppo_cfg)
+    agent = PPOAgent(cfg, model_cfg, ppo_cfg, runtime_cfg=runtime_cfg)
     rng = np.random.default_rng(cfg.seed)
     rewards = np.zeros(cfg.num_envs, np.float32)
     dones = np.zeros(cfg.num_envs, np.uint8)

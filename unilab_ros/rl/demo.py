@@ -40,7 +40,9 @@ def train(
     sim = GymVectorSim(setup.env_id, cfg.num_envs, cfg.seed, setup.max_episode_steps)
     try:
         to_env = ActionMapper(setup.actions, cfg.num_envs, cfg.action_dim)
-        agent = PPOAgent(cfg, setup.model, setup.ppo, action_bounds=to_env.policy_bounds())
+        agent = PPOAgent(
+            cfg, setup.model, setup.ppo, to_env.policy_bounds(), runtime_cfg=setup.runtime
+        )
         # Checkpoints are the caller's (on_iteration); the loop only stops the run.
         loop_cfg = LoopConfig(checkpoint_interval=0, max_iterations=iterations)
         loop = TrainingLoop(loop_cfg, agent, to_env, best=best)

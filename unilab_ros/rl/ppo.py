@@ -19,6 +19,7 @@ from unilab_ros.rl.distributions import (
     diag_gaussian_log_prob,
 )
 from unilab_ros.rl.model import MLPActorCritic
+from unilab_ros.rl.ppo_runtime import PPORuntimeConfig
 
 _LOG = logging.getLogger(__name__)
 
@@ -45,7 +46,8 @@ SCHEDULES = ("fixed", "adaptive")
 
 @dataclass
 class PPOConfig:
-    """PPO hyperparameters (the fields and meanings of the earlier MLX trainer)."""
+    """PPO hyperparameters (the fields and meanings of the earlier MLX trainer); how the
+    update runs (compilation, NaN/Inf checks) is ``PPORuntimeConfig``."""
 
     num_learning_epochs: int = 4
     """Passes over the rollout per update."""
@@ -93,26 +95,10 @@ class PPOConfig:
     bounds_loss_coef: float = 1.0
     """Weight of the squared excess of the action mean beyond the action limits (in policy
     units), so the mean cannot run away where clipping hides the action; 0 disables."""
-    finite_check_interval: int = 8
-    """Check loss, gradients and parameters for NaN/Inf every this many mini-batches."""
-    enable_compile: bool = True
-    """Compile the mini-batch step (model and optimizer state) with mx.compile."""
-    warmup_strict_iters: int = 0
-    """First iterations that use the warm-up intervals below."""
-    warmup_finite_check_interval: int = 1
-    """finite_check_interval during warm-up."""
-    disable_finite_checks: bool = False
-    """Skip the per-mini-batch checks; the end-of-update check always runs."""
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad field."""
-        positive_ints = (
-            "num_learning_epochs",
-            "num_mini_batches",
-            "finite_check_interval",
-            "warmup_finite_check_interval",
-        )
-        for name in positive_ints:
+        for name in ("num_learning_epochs", "num_mini_batches"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{name} must be >= 1")
         if self.schedule not in SCHEDULES:
@@ -127,8 +113,8 @@ class PPOConfig:
             raise ValueError("desired_kl must be positive under the adaptive schedule")
         if self.log_ratio_clip <= 0.0:
             raise ValueError("log_ratio_clip must be positive (0 pins the ratio at 1)")
-        if self.warmup_strict_iters < 0 or self.target_kl_stop < 0.0:
-            raise ValueError("warmup_strict_iters and target_kl_stop must be >= 0")
+        if self.target_kl_stop < 0.0:
+            raise ValueError("target_kl_stop must be >= 0")
         if self.advantage_std_floor < 0.0 or self.bounds_loss_coef < 0.0:
             raise ValueError("advantage_std_floor and bounds_loss_coef must be >= 0")
         if self.adaptive_lr_decay <= 1.0 or self.adaptive_lr_growth < 1.0:
@@ -141,8 +127,8 @@ class PPOTrainer:
     One mini-batch step is a single function over the model, optimizer and
     schedule state: loss, gradients, metrics (from the same forward pass), KL-driven
     learning rate, the KL early stop, gradient clipping and the Adam update. It is
-    compiled when ``enable_compile`` is set. Finite checks read one flag; a failed check
-    restores the model and optimizer to the last checked state (MLX arrays are
+    compiled when ``runtime.enable_compile`` is set. Finite checks read one flag; a failed
+    check restores the model and optimizer to the last checked state (MLX arrays are
     immutable, so keeping that state costs references, not copies).
 
     The "old" log-probs, means, stds and values of the rollout are those the acting
@@ -156,11 +142,15 @@ class PPOTrainer:
         cfg: PPOConfig | None = None,
         seed: int = 0,
         action_bounds: tuple[np.ndarray, np.ndarray] | None = None,
+        runtime: PPORuntimeConfig | None = None,
     ) -> None:
         cfg = cfg or PPOConfig()
         cfg.validate()
+        runtime = runtime or PPORuntimeConfig()
+        runtime.validate()
         self.model = model
         self.cfg = cfg
+        self.runtime = runtime
         self.optimizer = optim.Adam(learning_rate=float(cfg.learning_rate), bias_correction=True)
         self.optimizer.init(model.trainable_parameters())
         # Arrays, so the compiled step can update them and checkpoints keep them.
@@ -193,7 +183,7 @@ class PPOTrainer:
         return [self.model.state, self.optimizer.state, self.schedule_state]
 
     def _build_step(self):
-        if not self.cfg.enable_compile:
+        if not self.runtime.enable_compile:
             return self._train_step
         state = self._state()
         try:
@@ -347,12 +337,6 @@ class PPOTrainer:
         self.optimizer.state.update(tree_map(lambda x: x, opt_state))
         self.schedule_state.update(schedule_state)
 
-    def _check_interval(self, iteration: int) -> int:
-        cfg = self.cfg
-        if 0 <= iteration < cfg.warmup_strict_iters:
-            return cfg.warmup_finite_check_interval
-        return cfg.finite_check_interval
-
     def _advantage_std_floor(self, advantages: np.ndarray) -> float:
         """The floor for this rollout's advantage std; folds its std into the running mean."""
         state = self.schedule_state
@@ -371,7 +355,7 @@ class PPOTrainer:
     def update(self, buffer: RolloutBuffer, iteration: int = -1) -> dict[str, float]:
         """Run the epochs over ``buffer`` (returns and raw advantages already computed)."""
         cfg = self.cfg
-        check_interval = self._check_interval(iteration)
+        check_interval = self.runtime.check_interval(iteration)
         skipped = {1: 0, 2: 0, 3: 0}
         rolled_back = early_stopped = 0
         width = len(METRIC_KEYS)
@@ -422,7 +406,7 @@ class PPOTrainer:
             pending_metrics.append(metrics)
             pending_status.append(status)
             mx.eval(self._state(), metrics, status)
-            if not cfg.disable_finite_checks and (index + 1) % check_interval == 0:
+            if not self.runtime.disable_finite_checks and (index + 1) % check_interval == 0:
                 check()
             # Every step is evaluated already, so reading the flag costs no extra sync.
             if cfg.target_kl_stop > 0.0 and bool(self.schedule_state["stopped"].item()):

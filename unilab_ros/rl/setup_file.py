@@ -19,6 +19,7 @@ from unilab_ros.rl.actions import ActionConfig
 from unilab_ros.rl.agent import AgentConfig
 from unilab_ros.rl.model import ModelConfig
 from unilab_ros.rl.ppo import PPOConfig
+from unilab_ros.rl.ppo_runtime import PPORuntimeConfig
 
 TRAINER_KEY = "unilab_trainer"
 BRIDGE_KEY = "gym_env"
@@ -38,6 +39,8 @@ class TrainingSetup:
     agent: AgentConfig = field(default_factory=AgentConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     ppo: PPOConfig = field(default_factory=PPOConfig)
+    runtime: PPORuntimeConfig = field(default_factory=PPORuntimeConfig)
+    """How the update runs; its keys share the params file's ``ppo`` section."""
     actions: ActionConfig = field(default_factory=ActionConfig)
 
 
@@ -73,5 +76,6 @@ def load_setup(params_file: str | Path) -> TrainingSetup:
         agent=agent,
         model=_build(ModelConfig, trainer.get("model") or {}),
         ppo=_build(PPOConfig, trainer.get("ppo") or {}),
+        runtime=_build(PPORuntimeConfig, trainer.get("ppo") or {}),
         actions=_build(ActionConfig, trainer),
     )
