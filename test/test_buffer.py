@@ -4,7 +4,14 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from unilab_ros.rl.buffer import RUNNING, TERMINATED, TRUNCATED, RolloutBuffer, split_sizes
+from unilab_ros.rl.buffer import (
+    RUNNING,
+    TERMINATED,
+    TRUNCATED,
+    MiniBatch,
+    RolloutBuffer,
+    split_sizes,
+)
 
 
 def fill(buffer: RolloutBuffer, rewards, values, dones, obs=None) -> None:
@@ -184,7 +191,7 @@ def labelled_buffer(num_envs: int, num_steps: int) -> RolloutBuffer:
 
 def epoch_ids(buffer, num_mini_batches, num_epochs, key=None) -> list[list[np.ndarray]]:
     batches = [
-        np.array(batch["obs"][:, 0]).astype(int)
+        np.array(batch.obs[:, 0]).astype(int)
         for batch in buffer.mini_batch_generator(num_mini_batches, num_epochs, key=key)
     ]
     assert len(batches) == num_mini_batches * num_epochs
@@ -206,14 +213,33 @@ def test_every_sample_once_per_epoch_and_balanced_sizes(num_envs, num_steps, num
 
 
 def test_mini_batch_rows_stay_aligned():
-    # Shuffling must permute every field with the same indices.
+    # Shuffling must permute every field with the same indices, and each field must
+    # serve its own store: every store holds other multiples of the sample's index.
     buffer = labelled_buffer(3, 4)
+    ids = buffer.observations[..., 0]
+    buffer.actions[..., 0] = 2.0 * ids
+    buffer.log_probs[:] = 3.0 * ids
+    buffer.mu[..., 0] = 4.0 * ids
+    buffer.sigma[..., 0] = 5.0 * ids
+    buffer.returns[:] = 6.0 * ids
+    buffer.advantages[:] = 7.0 * ids
+    buffer.values[:] = 8.0 * ids
+    stored = MiniBatch(
+        obs=buffer.observations,
+        actions=buffer.actions,
+        old_log_probs=buffer.log_probs,
+        old_mu=buffer.mu,
+        old_sigma=buffer.sigma,
+        returns=buffer.returns,
+        advantages=buffer.advantages,
+        old_values=buffer.values,
+    )
     for batch in buffer.mini_batch_generator(3, 1, key=mx.random.key(3)):
-        ids = np.array(batch["obs"][:, 0])
-        np.testing.assert_array_equal(np.array(batch["obs"][:, 1]), -ids)
-        flat_returns = buffer.returns.reshape(-1)[ids.astype(int)]
-        np.testing.assert_array_equal(np.array(batch["returns"]), flat_returns)
-        assert batch["obs"].dtype == mx.float32
+        rows = np.array(batch.obs[:, 0]).astype(int)
+        for name, served, store in zip(batch._fields, batch, stored, strict=True):
+            flat = store.reshape(ids.size, *store.shape[2:])
+            np.testing.assert_array_equal(np.array(served), flat[rows], err_msg=name)
+            assert served.dtype == mx.float32, name
 
 
 def test_key_makes_the_order_reproducible():

@@ -85,7 +85,8 @@ def record_batches(buffer: RolloutBuffer) -> list[dict[str, np.ndarray]]:
 
     def recording(*args: Any, **kwargs: Any):
         for batch in generate(*args, **kwargs):
-            seen.append({key: np.array(value, np.float64) for key, value in batch.items()})
+            seen.append({key: np.array(value, np.float64)
+                         for key, value in batch._asdict().items()})
             yield batch
 
     buffer.mini_batch_generator = recording  # type: ignore[method-assign]

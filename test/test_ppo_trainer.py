@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten, tree_map
 
-from unilab_ros.rl.buffer import RolloutBuffer
+from unilab_ros.rl.buffer import MiniBatch, RolloutBuffer
 from unilab_ros.rl.distributions import diag_gaussian_log_prob
 from unilab_ros.rl.model import MLPActorCritic, ModelConfig
 from unilab_ros.rl.ppo import PPOConfig, PPOTrainer
@@ -192,12 +192,13 @@ def poison_last_batch(
     """Make the buffer's last mini-batch carry NaN in ``field``; record the state before it."""
     generate = buffer.mini_batch_generator
 
-    def generator(num_mini_batches: int, num_epochs: int, key=None) -> Iterator[dict]:
+    def generator(num_mini_batches: int, num_epochs: int, key=None) -> Iterator[MiniBatch]:
         batches = list(generate(num_mini_batches, num_epochs, key=key))
         yield from batches[:-1]
         # Asked for the last batch: every earlier step has been applied and checked.
         recorded.append(state_copy(trainer))
-        yield dict(batches[-1], **{field: batches[-1][field] * np.nan})
+        last = batches[-1]
+        yield last._replace(**{field: getattr(last, field) * np.nan})
 
     buffer.mini_batch_generator = generator
 
@@ -263,10 +264,10 @@ def test_nan_gradients_of_one_step_are_rolled_back(monkeypatch):
     loss_and_grad = trainer._loss_and_grad
     calls: list[dict] = []
 
-    def poisoned(model_arg, batch):
+    def poisoned(model_arg, batch, adv_std_floor):
         # Third step: a finite loss with NaN gradients (e.g. an overflow in the backward pass).
         calls.append(state_copy(trainer))
-        (loss, metrics), grads = loss_and_grad(model_arg, batch)
+        (loss, metrics), grads = loss_and_grad(model_arg, batch, adv_std_floor)
         if len(calls) == 3:
             grads = tree_map(lambda g: g * np.nan, grads)
         return (loss, metrics), grads
@@ -311,19 +312,19 @@ def steer_kls(buffer: RolloutBuffer, trainer: PPOTrainer, kls: list[float], seen
     """
     generate = buffer.mini_batch_generator
 
-    def generator(num_mini_batches: int, num_epochs: int, key=None) -> Iterator[dict]:
+    def generator(num_mini_batches: int, num_epochs: int, key=None) -> Iterator[MiniBatch]:
         batches = generate(num_mini_batches, num_epochs, key=key)
         for kl, batch in zip(kls, batches, strict=True):
-            mean, std, log_std = trainer.model.distribution_params(batch["obs"])
+            mean, std, log_std = trainer.model.distribution_params(batch.obs)
             old_mean = mean + std * math.sqrt(2.0 * kl / ACTION_DIM)
-            old_log_probs = diag_gaussian_log_prob(batch["actions"], old_mean, log_std)
-            log_ratio = diag_gaussian_log_prob(batch["actions"], mean, log_std) - old_log_probs
+            old_log_probs = diag_gaussian_log_prob(batch.actions, old_mean, log_std)
+            log_ratio = diag_gaussian_log_prob(batch.actions, mean, log_std) - old_log_probs
             seen.append({
                 "state": state_copy(trainer),
                 "lr": trainer.learning_rate,
                 "ratio_max": float(mx.max(mx.exp(log_ratio)).item()),
             })
-            yield dict(batch, old_mu=old_mean, old_sigma=std, old_log_probs=old_log_probs)
+            yield batch._replace(old_mu=old_mean, old_sigma=std, old_log_probs=old_log_probs)
 
     buffer.mini_batch_generator = generator
 
@@ -547,9 +548,9 @@ def record_batches(buffer: RolloutBuffer) -> list[np.ndarray]:
     seen: list[np.ndarray] = []
     generate = buffer.mini_batch_generator
 
-    def recording(*args, **kwargs) -> Iterator[dict]:
+    def recording(*args, **kwargs) -> Iterator[MiniBatch]:
         for batch in generate(*args, **kwargs):
-            seen.append(np.array(batch["advantages"], np.float64))
+            seen.append(np.array(batch.advantages, np.float64))
             yield batch
 
     buffer.mini_batch_generator = recording

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import mlx.core as mx
 import numpy as np
@@ -11,6 +11,22 @@ import numpy as np
 from unilab_ros.done_codes import DoneCode
 
 RUNNING, TERMINATED, TRUNCATED = DoneCode.RUNNING, DoneCode.TERMINATED, DoneCode.TRUNCATED
+
+
+class MiniBatch(NamedTuple):
+    """One shuffled slice of the rollout, a row per sample; "old" are the acting policy's
+    outputs. A tuple, so ``mx.compile`` takes it as a tree of arrays."""
+
+    obs: mx.array
+    actions: mx.array
+    old_log_probs: mx.array
+    old_mu: mx.array
+    old_sigma: mx.array
+    returns: mx.array
+    advantages: mx.array
+    """As the buffer holds them: the trainer normalizes them over the rollout before
+    serving the mini-batches, or in each one."""
+    old_values: mx.array
 
 
 def split_sizes(total: int, parts: int) -> list[int]:
@@ -137,7 +153,7 @@ class RolloutBuffer:
 
     def mini_batch_generator(
         self, num_mini_batches: int, num_epochs: int, key: mx.array | None = None
-    ) -> Iterator[dict[str, mx.array]]:
+    ) -> Iterator[MiniBatch]:
         """Yield ``num_epochs`` shuffled passes, each split into ``num_mini_batches``.
 
         Every sample is used exactly once per epoch; mini-batch sizes differ by at
@@ -148,24 +164,28 @@ class RolloutBuffer:
         batch_size = self.num_steps * self.num_envs
         if not 0 < num_mini_batches <= batch_size:
             raise ValueError(f"num_mini_batches must be in 1..{batch_size}")
-        flat = {
-            "obs": self.observations.reshape(batch_size, self.obs_dim),
-            "actions": self.actions.reshape(batch_size, self.action_dim),
-            "old_log_probs": self.log_probs.reshape(batch_size),
-            "old_mu": self.mu.reshape(batch_size, self.action_dim),
-            "old_sigma": self.sigma.reshape(batch_size, self.action_dim),
-            "returns": self.returns.reshape(batch_size),
-            "advantages": self.advantages.reshape(batch_size),
-            "old_values": self.values.reshape(batch_size),
-        }
-        data = {key: mx.array(value, dtype=self.dtype) for key, value in flat.items()}
+
+        def rows(stored: np.ndarray) -> mx.array:
+            """(T, N, ...) -> (T * N, ...), a sample per row."""
+            return mx.array(stored.reshape(batch_size, *stored.shape[2:]), dtype=self.dtype)
+
+        data = MiniBatch(
+            obs=rows(self.observations),
+            actions=rows(self.actions),
+            old_log_probs=rows(self.log_probs),
+            old_mu=rows(self.mu),
+            old_sigma=rows(self.sigma),
+            returns=rows(self.returns),
+            advantages=rows(self.advantages),
+            old_values=rows(self.values),
+        )
         bounds = np.cumsum([0, *split_sizes(batch_size, num_mini_batches)])
         keys = mx.random.split(key, num_epochs) if key is not None else [None] * num_epochs
         for epoch_key in keys:
             shuffled = mx.random.permutation(batch_size, key=epoch_key)
             for start, stop in zip(bounds[:-1], bounds[1:], strict=True):
                 idx = shuffled[int(start) : int(stop)]
-                yield {key: value[idx] for key, value in data.items()}
+                yield MiniBatch(*(value[idx] for value in data))
 
     def clear(self) -> None:
         self.step = 0

@@ -12,7 +12,7 @@ import mlx.optimizers as optim
 import numpy as np
 from mlx.utils import tree_flatten, tree_map
 
-from unilab_ros.rl.buffer import RolloutBuffer
+from unilab_ros.rl.buffer import MiniBatch, RolloutBuffer
 from unilab_ros.rl.distributions import (
     diag_gaussian_entropy,
     diag_gaussian_kl,
@@ -197,23 +197,23 @@ class PPOTrainer:
         _LOG.warning("mx.compile failed, PPO steps run uncompiled: %s", self.compile_error)
 
     def _loss_fn(
-        self, model: MLPActorCritic, batch: dict[str, mx.array]
+        self, model: MLPActorCritic, batch: MiniBatch, adv_std_floor: mx.array
     ) -> tuple[mx.array, mx.array]:
         cfg = self.cfg
-        advantages = batch["advantages"]
+        advantages = batch.advantages
         if cfg.normalize_advantage_per_mini_batch:
-            advantages = normalize_advantages(advantages, batch["adv_std_floor"])
-        mean, std, log_std = model.distribution_params(batch["obs"])
-        values = model.value(batch["obs"])
-        log_probs = diag_gaussian_log_prob(batch["actions"], mean, log_std)
+            advantages = normalize_advantages(advantages, adv_std_floor)
+        mean, std, log_std = model.distribution_params(batch.obs)
+        values = model.value(batch.obs)
+        log_probs = diag_gaussian_log_prob(batch.actions, mean, log_std)
         entropy = mx.mean(diag_gaussian_entropy(log_std))
         log_ratio = mx.clip(
-            log_probs - batch["old_log_probs"], -cfg.log_ratio_clip, cfg.log_ratio_clip
+            log_probs - batch.old_log_probs, -cfg.log_ratio_clip, cfg.log_ratio_clip
         )
         ratio = mx.exp(log_ratio)
         clipped_ratio = mx.clip(ratio, 1.0 - cfg.clip_param, 1.0 + cfg.clip_param)
         surrogate = -mx.mean(mx.minimum(ratio * advantages, clipped_ratio * advantages))
-        returns, old_values = batch["returns"], batch["old_values"]
+        returns, old_values = batch.returns, batch.old_values
         if cfg.use_clipped_value_loss:
             clipped_values = old_values + mx.clip(
                 values - old_values, -cfg.clip_param, cfg.clip_param
@@ -232,7 +232,7 @@ class PPOTrainer:
 
         mean_d, std_d = mx.stop_gradient(mean), mx.stop_gradient(std)
         ratio_d, values_d = mx.stop_gradient(ratio), mx.stop_gradient(values)
-        kl = mx.mean(diag_gaussian_kl(batch["old_mu"], batch["old_sigma"], mean_d, std_d))
+        kl = mx.mean(diag_gaussian_kl(batch.old_mu, batch.old_sigma, mean_d, std_d))
         metrics = mx.stack(
             [
                 mx.stop_gradient(surrogate),
@@ -273,9 +273,11 @@ class PPOTrainer:
         coef = mx.minimum(1.0, self.cfg.max_grad_norm / (norm + 1e-6))
         return tree_map(lambda g: g * coef, grads), norm
 
-    def _train_step(self, batch: dict[str, mx.array]) -> tuple[mx.array, mx.array, mx.array]:
+    def _train_step(
+        self, batch: MiniBatch, adv_std_floor: mx.array
+    ) -> tuple[mx.array, mx.array, mx.array]:
         cfg = self.cfg
-        (loss, metrics), grads = self._loss_and_grad(self.model, batch)
+        (loss, metrics), grads = self._loss_and_grad(self.model, batch, adv_std_floor)
         state = self.schedule_state
         stopped = state["stopped"]
         if cfg.schedule == "adaptive":
@@ -310,12 +312,12 @@ class PPOTrainer:
         )
         return loss, metrics, mx.where(stopped, 4, status)
 
-    def _run_step(self, batch: dict[str, mx.array]):
+    def _run_step(self, batch: MiniBatch, adv_std_floor: mx.array):
         if self._step_verified or self._step is self._train_step:
-            return self._step(batch)
+            return self._step(batch, adv_std_floor)
         snapshot = self._snapshot()
         try:
-            outputs = self._step(batch)
+            outputs = self._step(batch, adv_std_floor)
             # MLX builds compiled kernels lazily: evaluate the first step here, so a JIT
             # failure (e.g. no C++ compiler) is caught, not raised by a later eval.
             mx.eval(outputs, self._state())
@@ -323,7 +325,7 @@ class PPOTrainer:
             self._compile_failed(error)
             self._restore(snapshot)
             self._step = self._train_step
-            outputs = self._step(batch)
+            outputs = self._step(batch, adv_std_floor)
         self._step_verified = True
         return outputs
 
@@ -401,8 +403,7 @@ class PPOTrainer:
         )
         floor_array = mx.array(floor, mx.float32)
         for index, batch in enumerate(batches):
-            batch["adv_std_floor"] = floor_array
-            _, metrics, status = self._run_step(batch)
+            _, metrics, status = self._run_step(batch, floor_array)
             pending_metrics.append(metrics)
             pending_status.append(status)
             mx.eval(self._state(), metrics, status)
