@@ -19,6 +19,7 @@ from unilab_ros.rl.ppo import PPOConfig, PPOTrainer
 OBS_DIM, ACTION_DIM = 3, 2
 
 REFERENCE_METRIC_KEYS = {
+    "anchor_kl",
     "surrogate",
     "value",
     "entropy",
