@@ -401,7 +401,7 @@ def test_the_rate_adapted_on_a_mini_batch_drives_that_mini_batchs_step(schedule,
 )
 def test_rsl_rl_rule_on_one_kl(kl, factor):
     trainer = PPOTrainer(make_model(), adaptive_config())
-    trainer._adapt_learning_rate(mx.array(kl, mx.float32))
+    trainer._adapt_learning_rate(mx.array(kl, mx.float32), mx.array(1.0))
     assert trainer.learning_rate == pytest.approx(1e-3 * factor, rel=1e-6)
 
 
