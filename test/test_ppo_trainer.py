@@ -20,6 +20,7 @@ from unilab_ros.rl.ppo_runtime import PPORuntimeConfig
 OBS_DIM, ACTION_DIM = 3, 2
 
 REFERENCE_METRIC_KEYS = {
+    "anchor_kl",
     "surrogate",
     "value",
     "entropy",
@@ -264,10 +265,10 @@ def test_nan_gradients_of_one_step_are_rolled_back(monkeypatch):
     loss_and_grad = trainer._loss_and_grad
     calls: list[dict] = []
 
-    def poisoned(model_arg, batch, adv_std_floor):
+    def poisoned(model_arg, batch, *scalars):
         # Third step: a finite loss with NaN gradients (e.g. an overflow in the backward pass).
         calls.append(state_copy(trainer))
-        (loss, metrics), grads = loss_and_grad(model_arg, batch, adv_std_floor)
+        (loss, metrics), grads = loss_and_grad(model_arg, batch, *scalars)
         if len(calls) == 3:
             grads = tree_map(lambda g: g * np.nan, grads)
         return (loss, metrics), grads
@@ -416,7 +417,7 @@ def test_the_rate_adapted_on_a_mini_batch_drives_that_mini_batchs_step(schedule,
 )
 def test_rsl_rl_rule_on_one_kl(kl, factor):
     trainer = make_trainer(make_model(), adaptive_config())
-    trainer._adapt_learning_rate(mx.array(kl, mx.float32))
+    trainer._adapt_learning_rate(mx.array(kl, mx.float32), mx.array(1.0))
     assert trainer.learning_rate == pytest.approx(1e-3 * factor, rel=1e-6)
 
 

@@ -29,12 +29,14 @@ from rclpy.executors import SingleThreadedExecutor
 from rclpy.parameter import Parameter
 from ros_helpers import spin_until
 from rosgraph_msgs.msg import Clock
-from std_msgs.msg import Float32MultiArray, Float64MultiArray, UInt8MultiArray
+from std_msgs.msg import Bool, Float32MultiArray, Float64MultiArray, UInt8MultiArray
 from std_srvs.srv import Empty, SetBool, Trigger
 
 from unilab_ros.messages import read_matrix, to_float32_msg, to_uint8_msg
 from unilab_ros.params import unknown_parameters
+from unilab_ros.rl.bundle import read_policy
 from unilab_ros.rl.checkpoint import Checkpoint
+from unilab_ros.rl.policy import PolicySampler
 from unilab_ros.rl.ppo_runtime import PPORuntimeConfig
 from unilab_ros.trainer_node import TrainerNode
 
@@ -851,3 +853,34 @@ def test_bad_messages_that_arrive_during_an_update_are_counted_as_rejected(make_
     assert counters["discarded_during_update"] == 3
     assert (counters["rejected_rewards"], counters["rejected_observations"],
             counters["rejected_dones"]) == (1, 1, 1)
+
+
+def test_estop_topic_and_export_bundle_service(make_env, tmp_path):
+    env = make_env(blend_in_steps=3)
+    estop = env.node.create_publisher(Bool, "estop", 10)
+    assert env.spin_until(lambda: estop.get_subscription_count() > 0)
+    env.start()
+    env.step()
+    count = len(env.action_msgs)
+    estop.publish(Bool(data=True))
+    assert env.spin_until(lambda: len(env.action_msgs) > count), "no action at the e-stop"
+    assert is_safe(env.actions[-1]) and env.trainer.loop.estop
+    stored = env.trainer.agent.buffer.step
+    # The outstanding step is forgotten: the next observation is answered safely.
+    assert is_safe(env.start())
+    assert is_safe(env.step())
+    assert env.trainer.agent.buffer.step == stored
+    estop.publish(Bool(data=False))
+    assert env.spin_until(lambda: not env.trainer.loop.estop)
+    assert not is_safe(env.step())
+    assert env.trainer.status()["estops"] == 1
+    response = env.call(Trigger, "export_bundle", Trigger.Request())
+    assert response.success, response.message
+    bundle = read_policy(response.message)
+    assert Path(response.message).parent == tmp_path / "checkpoints"
+    assert bundle.actions.safe_action == [SAFE]
+    obs = env.new_obs()
+    np.testing.assert_array_equal(
+        PolicySampler(bundle.model(), 0)(obs, deterministic=True),
+        env.trainer.agent.act(obs, deterministic=True),
+    )

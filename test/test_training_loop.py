@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
+from unilab_ros.action_safety import ActionSafetyConfig
 from unilab_ros.rl.actions import ActionConfig, ActionMapper
 from unilab_ros.rl.agent import AgentConfig, PPOAgent
 from unilab_ros.rl.best import BestPolicy
@@ -39,14 +40,21 @@ PARTS = ("reward", "done", "obs")
 class Driver:
     """A loop and the environment's side of the protocol, with hand-kept clocks."""
 
-    def __init__(self, **cfg) -> None:
+    def __init__(
+        self,
+        safety: ActionSafetyConfig | None = None,
+        action_scale: float = 1.0,
+        **cfg,
+    ) -> None:
         agent = PPOAgent(
             AgentConfig(NUM_ENVS, OBS_DIM, ACTION_DIM, NUM_STEPS),
             ModelConfig(actor_hidden_dims=[8], critic_hidden_dims=[8]),
             PPOConfig(num_learning_epochs=2, num_mini_batches=1),
             runtime_cfg=PPORuntimeConfig(enable_compile=False),
         )
-        actions = ActionMapper(ActionConfig(safe_action=[SAFE]), NUM_ENVS, ACTION_DIM)
+        actions = ActionMapper(
+            ActionConfig(action_scale=[action_scale], safe_action=[SAFE]), NUM_ENVS, ACTION_DIM
+        )
         self.best = BestPolicy(min_episodes=1)
         self.loop = TrainingLoop(
             LoopConfig(step_timeout=STEP_TIMEOUT, **cfg),
@@ -54,6 +62,7 @@ class Driver:
             actions,
             best=self.best,
             watchdog=WatchdogConfig(obs_timeout=OBS_TIMEOUT),
+            safety=safety,
         )
         self.agent = agent
         self.rng = np.random.default_rng(0)
@@ -330,3 +339,94 @@ def test_episode_end_updates_at_its_timeout_even_if_an_episode_runs_on():
 def test_bad_loop_settings_are_refused(field, value):
     with pytest.raises(ValueError, match=field):
         LoopConfig(**{field: value}).validate()
+
+
+# Hardware safety: the ActionGuard after the mapping, and the e-stop.
+
+
+def gaussian_log_prob(actions: np.ndarray, mean: np.ndarray, std: np.ndarray) -> np.ndarray:
+    z = (actions.astype(np.float64) - mean) / std
+    return np.sum(-0.5 * z * z - np.log(std) - 0.5 * np.log(2.0 * np.pi), axis=-1)
+
+
+def test_guarded_actions_are_stored_as_sent_with_the_acting_policys_log_prob():
+    # Blend-in from the safe action, then a tight rate limit: every command differs from
+    # the policy's mapped action, and PPO must learn from what the robot received.
+    safety = ActionSafetyConfig(max_action_change=[0.05], blend_in_steps=2)
+    driver = Driver(safety=safety, action_scale=2.0)
+    sent = [driver.start().command]
+    for _ in range(NUM_STEPS - 1):
+        sent.append(driver.step().command)
+    buffer = driver.agent.buffer
+    assert buffer.step == NUM_STEPS - 1
+    assert driver.loop.counters["guarded_actions"] == NUM_STEPS
+    # The first command is within 0.05 of the safe action, each next one within 0.05.
+    assert np.all(np.abs(np.diff(np.stack([np.full_like(sent[0], SAFE), *sent]), axis=0))
+                  <= 0.05 + 1e-6)
+    for t in range(NUM_STEPS - 1):
+        np.testing.assert_allclose(buffer.actions[t] * 2.0, sent[t], rtol=1e-6)
+        np.testing.assert_allclose(
+            buffer.log_probs[t],
+            gaussian_log_prob(buffer.actions[t], buffer.mu[t], buffer.sigma[t]),
+            rtol=1e-5,
+        )
+        # The policy's mean, not the sent action, is what the acting policy computed.
+        assert not np.allclose(buffer.mu[t], buffer.actions[t])
+
+
+def test_with_the_guard_off_the_policys_own_actions_are_stored():
+    driver = Driver(action_scale=2.0)
+    first = driver.start()
+    driver.step()
+    assert driver.loop.counters["guarded_actions"] == 0
+    np.testing.assert_allclose(
+        np.clip(driver.agent.buffer.actions[0] * 2.0, -1.0, 1.0), first.command, rtol=1e-6
+    )
+
+
+def test_the_estop_sends_the_safe_action_cuts_the_rollout_and_learns_nothing_until_released():
+    driver = Driver(safety=ActionSafetyConfig(blend_in_steps=4))
+    driver.start()
+    for _ in range(4):
+        driver.step()  # blended in and free after 4 steps; the 4-step rollout updates
+    assert driver.loop.phase is Phase.UPDATING
+    driver.update()
+    driver.loop.resume(driver.now, driver.now)
+    driver.step(reward=[1.0, 1.0])
+    assert driver.agent.buffer.step == 1
+    episodes = driver.loop.stats.episodes
+    engaged = driver.loop.set_estop(True)
+    assert isinstance(engaged, PublishAction) and engaged.estop and is_safe(engaged.command)
+    # The stored step became a time-out: no return runs across the stop.
+    assert driver.agent.buffer.dones[0].tolist() == [2, 2]
+    assert driver.loop.counters["estops"] == 1
+    # Engaged, every observation gets the safe action, and nothing is stored or logged.
+    decision = driver.deliver("obs", driver.new_obs())
+    assert decision.estop and is_safe(decision.command)
+    for _ in range(3):
+        decision = driver.step(done=[1, 1])
+        assert decision.estop and is_safe(decision.command)
+    assert driver.agent.buffer.step == 1
+    assert driver.loop.stats.episodes == episodes
+    assert driver.loop.set_estop(False) is None
+    # The step of the last safe action completes; the policy then blends back in.
+    released = driver.step()
+    assert not released.estop and not is_safe(released.command)
+    assert driver.loop.guard.blending  # 1 of the 4 blend-in steps taken
+    assert driver.agent.buffer.step == 1  # the safe action's step is not learned from
+    driver.step()
+    assert driver.agent.buffer.step == 2
+    np.testing.assert_allclose(driver.agent.buffer.actions[1], released.command, rtol=1e-6)
+
+
+def test_an_estop_during_the_update_holds_the_safe_action_after_it():
+    driver = Driver()
+    driver.start()
+    for _ in range(NUM_STEPS - 1):
+        driver.step()
+    assert isinstance(driver.step(), BeginUpdate)
+    assert is_safe(driver.loop.set_estop(True).command)
+    driver.update()
+    assert driver.agent.buffer.step == 0 and driver.agent.iteration == 1
+    decision = driver.loop.resume(driver.now, driver.now)
+    assert decision.estop and is_safe(decision.command)

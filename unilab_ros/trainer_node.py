@@ -26,10 +26,11 @@ from rclpy.node import Node
 from rclpy.parameter import Parameter
 from rclpy.qos import QoSProfile
 from rclpy.subscription import Subscription
-from std_msgs.msg import Float32MultiArray, String, UInt8MultiArray
+from std_msgs.msg import Bool, Float32MultiArray, String, UInt8MultiArray
 from std_srvs.srv import SetBool, Trigger
 
 from unilab_ros.action_output import ActionOutput, ActionOutputConfig
+from unilab_ros.action_safety import ActionSafetyConfig
 from unilab_ros.executors import run_node
 from unilab_ros.messages import MessageError, read_done_codes, read_matrix, read_vector
 from unilab_ros.metrics_log import MetricsLog
@@ -44,6 +45,7 @@ from unilab_ros.rl.actions import ActionConfig, ActionMapper
 from unilab_ros.rl.agent import AgentConfig, warm_up_update
 from unilab_ros.rl.best import BestPolicy
 from unilab_ros.rl.blas import blas_description
+from unilab_ros.rl.bundle import BundleError, bundle_from_agent, save_bundle
 from unilab_ros.rl.checkpoint import (
     Checkpoint,
     CheckpointError,
@@ -52,6 +54,7 @@ from unilab_ros.rl.checkpoint import (
     save_checkpoint,
 )
 from unilab_ros.rl.episodes import EpisodeStats
+from unilab_ros.rl.finetune import FineTuneConfig, make_agent
 from unilab_ros.rl.model import ModelConfig
 from unilab_ros.rl.ppo import PPOConfig
 from unilab_ros.rl.ppo_runtime import PPORuntimeConfig
@@ -106,7 +109,9 @@ class TrainerNode(Node):
             (LoopConfig(), ""),
             (WatchdogConfig(), ""),
             (ActionOutputConfig(), ""),
+            (ActionSafetyConfig(), ""),
             (TrainerNodeConfig(), ""),
+            (FineTuneConfig(), "finetune"),
             (ModelConfig(), "model"),
             (PPOConfig(), "ppo"),
             (PPORuntimeConfig(), "ppo"),
@@ -117,11 +122,18 @@ class TrainerNode(Node):
         loop_cfg = read_config(self, LoopConfig)
         watchdog_cfg = read_config(self, WatchdogConfig)
         output_cfg = read_config(self, ActionOutputConfig)
+        safety_cfg = read_config(self, ActionSafetyConfig)
         agent_cfg = read_config(self, AgentConfig)
         try:
             model_cfg = read_config(self, ModelConfig, "model")
             ppo_cfg = read_config(self, PPOConfig, "ppo")
             runtime_cfg = read_config(self, PPORuntimeConfig, "ppo")
+            fine_tune = read_config(self, FineTuneConfig, "finetune")
+            if fine_tune.init_from and self.cfg.resume_from:
+                raise ValueError(
+                    "resume_from continues a training, finetune.init_from starts one from "
+                    "a policy: give one of them"
+                )
             self._action_cfg = read_config(self, ActionConfig)
             actions = ActionMapper(self._action_cfg, agent_cfg.num_envs, agent_cfg.action_dim)
             # Opened first: a bad path is reported alone, before any warm-up.
@@ -133,19 +145,26 @@ class TrainerNode(Node):
                     f"start-up: one throwaway PPO update compiled MLX's kernels in "
                     f"{seconds:.1f} s, before the first action (cached on disk afterwards)"
                 )
-            agent = PPOAgent(
-                agent_cfg, model_cfg, ppo_cfg, actions.policy_bounds(), runtime_cfg
+            agent, notes = make_agent(
+                agent_cfg, model_cfg, ppo_cfg, actions.policy_bounds(), self._action_cfg,
+                fine_tune, runtime_cfg,
             )
             if checkpoint is not None:
                 restore_agent(agent, checkpoint)
         except (ValueError, CheckpointError) as error:
             raise ConfigError(str(error)) from None
+        if fine_tune.init_from:
+            self.get_logger().info(f"fine-tuning from {fine_tune.init_from}")
+        for note in notes:
+            self.get_logger().warning(note)
         self.num_envs, self.obs_dim = agent_cfg.num_envs, agent_cfg.obs_dim
         stats = EpisodeStats(self.num_envs)
         if checkpoint is not None:
             stats.load_state(checkpoint.extra.get("episodes", {}))
         self.best = BestPolicy(self.cfg.best_min_episodes, self._save_best)
-        self.loop = TrainingLoop(loop_cfg, agent, actions, stats, self.best, watchdog_cfg)
+        self.loop = TrainingLoop(
+            loop_cfg, agent, actions, stats, self.best, watchdog_cfg, safety_cfg
+        )
         self._last_service_save = -math.inf
         self.last_save_error = ""
         self._save_errors_logged: set[tuple[str, int | None]] = set()
@@ -173,8 +192,10 @@ class TrainerNode(Node):
         )
         self._reward_sub = subscribe(self, Float32MultiArray, "reward", self._on_reward, qos)
         self._done_sub = subscribe(self, UInt8MultiArray, "done", self._on_done, qos)
+        self.create_subscription(Bool, "estop", self._on_estop, qos)
         if self.cfg.control_services:
             self.create_service(Trigger, "~/save_checkpoint", self._srv_save)
+            self.create_service(Trigger, "~/export_bundle", self._srv_export_bundle)
             self.create_service(SetBool, "~/set_training", self._srv_set_training)
             self.create_service(SetBool, "~/set_deterministic", self._srv_set_deterministic)
         self.add_on_set_parameters_callback(self._on_set_parameters)
@@ -266,6 +287,16 @@ class TrainerNode(Node):
         if done is not None:
             self._carry_out(self.loop.on_done(done, stamp, self._now()))
         return done is not None
+
+    @_while_ros_runs
+    def _on_estop(self, msg: Bool) -> None:
+        engaged = bool(msg.data)
+        if engaged != self.loop.estop:
+            self.get_logger().warning(
+                "e-stop engaged: the safe action, no learning until released" if engaged
+                else "e-stop released: the policy blends in again"
+            )
+        self._carry_out(self.loop.set_estop(engaged))
 
     def _carry_out(self, decision: Decision) -> None:
         if isinstance(decision, PublishAction):
@@ -513,6 +544,21 @@ class TrainerNode(Node):
         response.message = (
             str(path) if path is not None else f"saving failed: {self.last_save_error}"
         )
+        return response
+
+    def _srv_export_bundle(self, _request: Trigger.Request, response: Trigger.Response) -> Any:
+        """Write the current policy as a bundle next to the checkpoints."""
+        name = f"bundle_{self.agent.iteration:06d}.safetensors"
+        try:
+            bundle = bundle_from_agent(self.agent, self._action_cfg, f"{NODE_NAME} (live)")
+            path = save_bundle(self._checkpoint_dir / name, bundle)
+        # MLX reports a full disk as RuntimeError, the filesystem the rest as OSError.
+        except (BundleError, OSError, RuntimeError) as error:
+            response.success = False
+            response.message = f"export failed: {type(error).__name__}: {error}"
+            return response
+        self.get_logger().info(f"policy bundle written: {path}")
+        response.success, response.message = True, str(path)
         return response
 
     def _srv_set_training(self, request: SetBool.Request, response: SetBool.Response) -> Any:

@@ -16,6 +16,7 @@ from enum import Enum
 
 import numpy as np
 
+from unilab_ros.action_safety import ActionGuard, ActionSafetyConfig
 from unilab_ros.rl.actions import ActionMapper
 from unilab_ros.rl.agent import PPOAgent
 from unilab_ros.rl.best import BestPolicy
@@ -35,6 +36,8 @@ COUNTERS = (
     "nonfinite_actions",
     "save_failures",
     "save_requests_refused",
+    "estops",
+    "guarded_actions",
 )
 """The trainer's counters besides the synchroniser's, in their reporting order."""
 
@@ -86,6 +89,8 @@ class PublishAction:
     """The policy gave NaN or Inf: ``command`` is the safe action instead."""
     restored: bool = False
     """... and the model was non-finite: the last finite parameters are back."""
+    estop: bool = False
+    """The e-stop is engaged: ``command`` is the safe action."""
 
 
 @dataclass(frozen=True)
@@ -127,6 +132,7 @@ class TrainingLoop:
         stats: EpisodeStats | None = None,
         best: BestPolicy | None = None,
         watchdog: WatchdogConfig | None = None,
+        safety: ActionSafetyConfig | None = None,
     ) -> None:
         cfg.validate()
         self.cfg = cfg
@@ -137,6 +143,11 @@ class TrainingLoop:
         self.watchdog = Watchdog(watchdog or WatchdogConfig())
         self.sync = StepSync(cfg.step_timeout)
         self.counters = dict.fromkeys(COUNTERS, 0)
+        self.guard = ActionGuard(safety or ActionSafetyConfig(), actions.safe)
+        # The robot stood at the safe action before the first command: blend in from it.
+        self.guard.hold()
+        self.estop = False
+        self._acted_in_estop = False
         self.phase = Phase.WAITING
         self.updates_run = 0
         self._good_parameters = agent.model.parameters()
@@ -196,6 +207,10 @@ class TrainingLoop:
     def _complete(self, step: Transition | None, now: float) -> Decision:
         if step is None:
             return None
+        if self._acted_in_estop:
+            # A safe action the e-stop sent: not the policy's, not part of any logged
+            # episode (the stop cut them); the next action is the policy's after release.
+            return self._act(step.next_obs, step.next_obs_stamp, now)
         self.stats.add(step.reward, step.done)
         if self.phase is Phase.COLLECTING and self.learning and self._acted_by_sampling:
             if self.agent.record(step.obs, step.action, step.reward, step.done):
@@ -213,24 +228,57 @@ class TrainingLoop:
         return self._act(step.next_obs, step.next_obs_stamp, now)
 
     def _act(self, obs: np.ndarray, stamp: int, now: float) -> PublishAction:
+        self._acted_stamp = stamp
+        self._acted_in_estop = self.estop
+        if self.estop:
+            # Paired like any step, so the environment's answer is not taken for the
+            # policy's; never learned from.
+            self._acted_by_sampling = False
+            command = self.guard.hold()
+            self.sync.action_sent(obs, self._in_policy_units(command), stamp, now)
+            return PublishAction(command, estop=True)
         actions = self.agent.act(obs, deterministic=self.cfg.deterministic)
-        command = self.actions(actions)
-        finite = bool(np.isfinite(command).all())
+        mapped = self.actions(actions)
+        finite = bool(np.isfinite(mapped).all())
         restored = False
-        if not finite:
+        if finite:
+            command = self.guard(mapped)
+            actions = self._as_sent(actions, mapped, command)
+        else:
             # Whatever the model holds, no NaN or Inf reaches the robot.
-            command = self.actions.safe
+            command = self.guard.hold()
             self.count("nonfinite_actions")
             restored = not all_finite(self.agent.model.parameters())
             if restored:
                 self.agent.model.update(self._good_parameters)
         self.sync.action_sent(obs, actions, stamp, now)
-        self._acted_stamp = stamp
         # A mean action is no sample of the policy, nor is a safe action sent in its place:
         # PPO must not learn from their steps, even if deterministic mode is switched off
         # before the step completes.
         self._acted_by_sampling = finite and not self.cfg.deterministic
         return PublishAction(command, not finite, restored)
+
+    def _as_sent(
+        self, actions: np.ndarray, mapped: np.ndarray, command: np.ndarray
+    ) -> np.ndarray:
+        """The policy actions PPO stores for ``command``: where the guard (blend-in,
+        smoothing, rate limit) changed the mapped action, what was sent, in policy units,
+        with the acting policy's log-prob of it; elsewhere the policy's own action
+        (unclipped, as the bounds loss expects)."""
+        changed = command != mapped
+        if not changed.any():
+            return actions
+        self.count("guarded_actions")
+        sent = np.where(changed, self._in_policy_units(command), actions).astype(np.float32)
+        self.agent.sent_instead(sent)
+        return sent
+
+    def _in_policy_units(self, command: np.ndarray) -> np.ndarray:
+        """``command`` before ``action_scale`` (0 where a dim's scale is 0: any action
+        maps to the same command there)."""
+        scale = self.actions.scale
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(scale != 0.0, command / scale, 0.0).astype(np.float32)
 
     def _cut_segment(self) -> None:
         """The step stream broke: no return is computed across the gap."""
@@ -256,6 +304,8 @@ class TrainingLoop:
         if self.phase not in (Phase.COLLECTING, Phase.EPISODE_END):
             return None
         silence = self.watchdog.check(steady)
+        if silence is not None and silence.publish_safe:
+            self.guard.hold()
         if silence is not None and silence.first:
             self.count("watchdog_trips")
             if self.sync.drop():
@@ -296,7 +346,33 @@ class TrainingLoop:
             return Finished()
         self.phase = Phase.COLLECTING
         self.watchdog.observed(steady)
+        # The robot held the safe action (or stood still) during the update.
+        self.guard.hold()
         return self._act(*self._latest_obs, now) if self._latest_obs is not None else None
+
+    # The emergency stop.
+
+    def set_estop(self, engaged: bool) -> PublishAction | None:
+        """Engage (the safe action to send at once) or release the e-stop.
+
+        Engaged, every observation gets the safe action and nothing is learned or logged:
+        the rollout is cut as for a lost step, the outstanding step is forgotten and the
+        episodes in progress are not logged. Released, the policy blends in again from
+        the safe action (``blend_in_steps``) on the next observation.
+        """
+        if engaged == self.estop:
+            return PublishAction(self.guard.hold(), estop=True) if engaged else None
+        self.estop = engaged
+        self.stats.cut()
+        if not engaged:
+            self.guard.hold()
+            return None
+        self.count("estops")
+        if self.phase is Phase.COLLECTING:
+            # Not once the rollout is complete (waiting for episode ends, updating).
+            self.agent.cut()
+        self.sync.reset()
+        return PublishAction(self.guard.hold(), estop=True)
 
     # Live switches.
 

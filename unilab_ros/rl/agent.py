@@ -91,6 +91,10 @@ class PPOAgent:
         self.sampler = PolicySampler(self.model, cfg.seed + 2)
         self.iteration = 0
         self.env_steps = 0
+        self.critic_only_updates = 0
+        """Updates still to come that train only the critic (a fine-tuning warm-up)."""
+        self.freeze_normalizer = False
+        """Keep the observation statistics as they are (fine-tuning from a bundle)."""
         self._acted: tuple[np.ndarray | None, np.ndarray, np.ndarray] = (
             None, self.sampler.last_mean, self.sampler.last_std)
         mx.eval(self.model.parameters())
@@ -100,6 +104,12 @@ class PPOAgent:
         actions = self.sampler(obs, deterministic)
         self._acted = (actions, self.sampler.last_mean, self.sampler.last_std)
         return actions
+
+    def sent_instead(self, actions: np.ndarray) -> None:
+        """A safety stage sent other actions than the latest ``act`` gave: ``record``
+        stores these (policy units) with the acting policy's log-prob of them."""
+        _, mean, std = self._acted
+        self._acted = (actions, mean, std)
 
     def record(
         self, obs: np.ndarray, actions: np.ndarray, rewards: np.ndarray, dones: np.ndarray
@@ -144,11 +154,14 @@ class PPOAgent:
         mx.eval(values, last_values)
         buffer.values[: buffer.step] = np.array(values).reshape(buffer.step, -1)
         buffer.compute_returns_and_advantages(np.array(last_values))
-        metrics = self.trainer.update(buffer, self.iteration)
+        train_actor = self.critic_only_updates == 0
+        metrics = self.trainer.update(buffer, self.iteration, train_actor)
+        self.critic_only_updates = max(self.critic_only_updates - 1, 0)
+        metrics["critic_only"] = float(not train_actor)
         # The epochs trained on inputs normalized as the acting policy saw them (as
         # rsl_rl and Stable-Baselines3 do by storing normalized observations); the next
         # rollout acts with the statistics that include this one.
-        if self.model_cfg.normalize_observations:
+        if self.model_cfg.normalize_observations and not self.freeze_normalizer:
             self.model.normalizer.update(obs)
         buffer.clear()
         self.iteration += 1

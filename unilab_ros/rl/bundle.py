@@ -21,6 +21,7 @@ import mlx.core as mx
 from mlx.utils import tree_flatten, tree_unflatten
 
 from unilab_ros.rl.actions import ActionConfig
+from unilab_ros.rl.agent import PPOAgent
 from unilab_ros.rl.checkpoint import FORMAT as CHECKPOINT_FORMAT
 from unilab_ros.rl.checkpoint import SUFFIX, Checkpoint, all_finite, package_versions
 from unilab_ros.rl.files import write_atomically
@@ -102,17 +103,12 @@ def bundle_from_checkpoint(
     action_labels: list[str] | None = None,
 ) -> PolicyBundle:
     """The policy part of a checkpoint; ``actions`` replaces the checkpoint's mapping."""
-    arrays = {
-        name: value
-        for name, value in tree_flatten(checkpoint.group("model"))
-        if _is_policy_array(name)
-    }
     return PolicyBundle(
         obs_dim=checkpoint.agent_cfg.obs_dim,
         action_dim=checkpoint.agent_cfg.action_dim,
         model_cfg=checkpoint.model_cfg,
         actions=actions if actions is not None else checkpoint.action_cfg,
-        arrays=arrays,
+        arrays=_policy_arrays(checkpoint.group("model")),
         seed=checkpoint.agent_cfg.seed,
         obs_labels=list(obs_labels or []),
         action_labels=list(action_labels or []),
@@ -124,6 +120,29 @@ def bundle_from_checkpoint(
             "versions": checkpoint.versions,
         },
     )
+
+
+def bundle_from_agent(agent: PPOAgent, actions: ActionConfig, source: str) -> PolicyBundle:
+    """The current policy of a training session (e.g. the trainer's ~/export_bundle)."""
+    return PolicyBundle(
+        obs_dim=agent.cfg.obs_dim,
+        action_dim=agent.cfg.action_dim,
+        model_cfg=agent.model_cfg,
+        actions=actions,
+        arrays=_policy_arrays(agent.model.parameters()),
+        seed=agent.cfg.seed,
+        source={
+            "file": source,
+            "kind": "training",
+            "iteration": agent.iteration,
+            "env_steps": agent.env_steps,
+            "versions": package_versions(),
+        },
+    )
+
+
+def _policy_arrays(model_tree: Any) -> dict[str, mx.array]:
+    return {name: value for name, value in tree_flatten(model_tree) if _is_policy_array(name)}
 
 
 def save_bundle(path: str | os.PathLike[str], bundle: PolicyBundle) -> Path:

@@ -22,6 +22,7 @@ from unilab_ros.rl.agent import PPOAgent
 from unilab_ros.rl.best import BestPolicy
 from unilab_ros.rl.blas import blas_description
 from unilab_ros.rl.episodes import EpisodeStats
+from unilab_ros.rl.finetune import FineTuneConfig, make_agent
 from unilab_ros.rl.setup_file import TrainingSetup, load_setup
 from unilab_ros.training_loop import BeginUpdate, LoopConfig, PublishAction, TrainingLoop
 
@@ -33,24 +34,29 @@ def train(
     iterations: int,
     on_iteration: IterationCallback | None = None,
     best: BestPolicy | None = None,
+    fine_tune: FineTuneConfig | None = None,
 ) -> tuple[PPOAgent, EpisodeStats]:
-    """Train ``iterations`` rollouts; after each update, offer the policy to ``best`` and
-    call ``on_iteration``. Env i is seeded with ``setup.agent.seed + i``."""
+    """Train ``iterations`` rollouts (from ``fine_tune.init_from`` when given); after each
+    update, offer the policy to ``best`` and call ``on_iteration``. Env i is seeded with
+    ``setup.agent.seed + i``."""
     cfg = setup.agent
     sim = GymVectorSim(setup.env_id, cfg.num_envs, cfg.seed, setup.max_episode_steps)
     try:
         to_env = ActionMapper(setup.actions, cfg.num_envs, cfg.action_dim)
-        agent = PPOAgent(
-            cfg, setup.model, setup.ppo, to_env.policy_bounds(), runtime_cfg=setup.runtime
+        agent, _ = make_agent(
+            cfg, setup.model, setup.ppo, to_env.policy_bounds(), setup.actions, fine_tune,
+            setup.runtime,
         )
         # Checkpoints are the caller's (on_iteration); the loop only stops the run.
-        loop_cfg = LoopConfig(checkpoint_interval=0, max_iterations=iterations)
+        loop_cfg = LoopConfig(
+            checkpoint_interval=0, max_iterations=agent.iteration + iterations
+        )
         loop = TrainingLoop(loop_cfg, agent, to_env, best=best)
         # One clock for everything: steps never time out, the watchdog never fires, and
         # each step's parts share a stamp that orders it after the action.
         stamp, now = 0, 0.0
         decision = loop.on_observation(sim.reset(), stamp, now, now)
-        while agent.iteration < iterations:
+        while agent.iteration < loop_cfg.max_iterations:
             if isinstance(decision, BeginUpdate):
                 metrics = loop.update()
                 loop.after_update()

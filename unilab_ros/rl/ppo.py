@@ -36,6 +36,7 @@ METRIC_KEYS = (
     "value_explained_variance",
     "bounds_loss",
     "mean_out_of_bounds",
+    "anchor_kl",
     "learning_rate",
 )
 """Per-mini-batch metrics, averaged over the applied mini-batches of an update."""
@@ -95,6 +96,10 @@ class PPOConfig:
     bounds_loss_coef: float = 1.0
     """Weight of the squared excess of the action mean beyond the action limits (in policy
     units), so the mean cannot run away where clipping hides the action; 0 disables."""
+    anchor_coef: float = 0.0
+    """Weight of the KL from the anchor policy (the policy fine-tuning started from, see
+    ``PPOTrainer.set_anchor``) to the current one, so early updates on a robot cannot
+    wander far from what worked in simulation; 0 disables."""
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad field."""
@@ -117,6 +122,8 @@ class PPOConfig:
             raise ValueError("target_kl_stop must be >= 0")
         if self.advantage_std_floor < 0.0 or self.bounds_loss_coef < 0.0:
             raise ValueError("advantage_std_floor and bounds_loss_coef must be >= 0")
+        if not self.anchor_coef >= 0.0:
+            raise ValueError("anchor_coef must be >= 0")
         if self.adaptive_lr_decay <= 1.0 or self.adaptive_lr_growth < 1.0:
             raise ValueError("need adaptive_lr_decay > 1 and adaptive_lr_growth >= 1")
 
@@ -165,6 +172,7 @@ class PPOTrainer:
             mx.array(np.broadcast_to(np.asarray(low, np.float32), shape)),
             mx.array(np.broadcast_to(np.asarray(high, np.float32), shape)),
         )
+        self._anchor: MLPActorCritic | None = None
         self._loss_and_grad = nn.value_and_grad(model, self._loss_fn)
         self.compile_error: str | None = None
         self._step = self._build_step()
@@ -178,6 +186,15 @@ class PPOTrainer:
     @learning_rate.setter
     def learning_rate(self, value: float) -> None:
         self.optimizer.learning_rate = mx.array(float(value), mx.float32)
+
+    def set_anchor(self, anchor: MLPActorCritic) -> None:
+        """The policy ``anchor_coef`` holds the updates near (a frozen copy; it keeps its
+        own observation normalizer, so it stays the policy training started from)."""
+        anchor.freeze()
+        self._anchor = anchor
+        # The compiled step bakes the loss in: build it again with the anchor term.
+        self._step = self._build_step()
+        self._step_verified = self._step is self._train_step
 
     def _state(self) -> list[Any]:
         return [self.model.state, self.optimizer.state, self.schedule_state]
@@ -197,7 +214,11 @@ class PPOTrainer:
         _LOG.warning("mx.compile failed, PPO steps run uncompiled: %s", self.compile_error)
 
     def _loss_fn(
-        self, model: MLPActorCritic, batch: MiniBatch, adv_std_floor: mx.array
+        self,
+        model: MLPActorCritic,
+        batch: MiniBatch,
+        adv_std_floor: mx.array,
+        actor_weight: mx.array,
     ) -> tuple[mx.array, mx.array]:
         cfg = self.cfg
         advantages = batch.advantages
@@ -226,9 +247,18 @@ class PPOTrainer:
         low, high = self._bounds
         excess = mx.maximum(mean - high, 0.0) + mx.maximum(low - mean, 0.0)
         bounds_loss = mx.mean(mx.sum(excess * excess, axis=-1))
-        loss = surrogate + cfg.value_loss_coef * value_loss - cfg.entropy_coef * entropy
+        actor_loss = surrogate - cfg.entropy_coef * entropy
         if cfg.bounds_loss_coef > 0.0:
-            loss = loss + cfg.bounds_loss_coef * bounds_loss
+            actor_loss = actor_loss + cfg.bounds_loss_coef * bounds_loss
+        anchor_kl = mx.array(0.0)
+        if cfg.anchor_coef > 0.0 and self._anchor is not None:
+            anchor_mean, anchor_std, _ = self._anchor.distribution_params(batch.obs)
+            anchor_kl = mx.mean(diag_gaussian_kl(
+                mx.stop_gradient(anchor_mean), mx.stop_gradient(anchor_std), mean, std))
+            actor_loss = actor_loss + cfg.anchor_coef * anchor_kl
+        # 0 during a critic warm-up: the actor's terms then give no gradient (x 1 is exact,
+        # so learning is unchanged otherwise).
+        loss = actor_weight * actor_loss + cfg.value_loss_coef * value_loss
 
         mean_d, std_d = mx.stop_gradient(mean), mx.stop_gradient(std)
         ratio_d, values_d = mx.stop_gradient(ratio), mx.stop_gradient(values)
@@ -247,13 +277,15 @@ class PPOTrainer:
                 1.0 - mx.var(returns - values_d) / (mx.var(returns) + 1e-8),
                 mx.stop_gradient(bounds_loss),
                 mx.mean(((mean_d > high) | (mean_d < low)).astype(mx.float32)),
+                mx.stop_gradient(anchor_kl),
                 mx.array(0.0),
             ]
         )
         return loss, metrics
 
-    def _adapt_learning_rate(self, kl: mx.array) -> None:
-        """rsl_rl's rule on this mini-batch's KL, applied before its update."""
+    def _adapt_learning_rate(self, kl: mx.array, actor_weight: mx.array) -> None:
+        """rsl_rl's rule on this mini-batch's KL, applied before its update; not while the
+        actor is held (its KL stays ~0 and would drive the rate to its maximum)."""
         cfg = self.cfg
         lr = self.optimizer.learning_rate
         lower = mx.maximum(cfg.min_learning_rate, lr / cfg.adaptive_lr_decay)
@@ -263,6 +295,7 @@ class PPOTrainer:
             lower,
             mx.where((kl > 0.0) & (kl < 0.5 * cfg.desired_kl), higher, lr),
         )
+        new_lr = mx.where(actor_weight > 0.0, new_lr, lr)
         self.optimizer.learning_rate = new_lr.astype(lr.dtype)
 
     def _clip_grads(self, grads: Any) -> tuple[Any, mx.array]:
@@ -274,14 +307,16 @@ class PPOTrainer:
         return tree_map(lambda g: g * coef, grads), norm
 
     def _train_step(
-        self, batch: MiniBatch, adv_std_floor: mx.array
+        self, batch: MiniBatch, adv_std_floor: mx.array, actor_weight: mx.array
     ) -> tuple[mx.array, mx.array, mx.array]:
         cfg = self.cfg
-        (loss, metrics), grads = self._loss_and_grad(self.model, batch, adv_std_floor)
+        (loss, metrics), grads = self._loss_and_grad(
+            self.model, batch, adv_std_floor, actor_weight
+        )
         state = self.schedule_state
         stopped = state["stopped"]
         if cfg.schedule == "adaptive":
-            self._adapt_learning_rate(metrics[_KL])
+            self._adapt_learning_rate(metrics[_KL], actor_weight)
         if cfg.target_kl_stop > 0.0:
             stopped = stopped | (metrics[_KL] > cfg.target_kl_stop)
             params = self.model.trainable_parameters()
@@ -312,12 +347,12 @@ class PPOTrainer:
         )
         return loss, metrics, mx.where(stopped, 4, status)
 
-    def _run_step(self, batch: MiniBatch, adv_std_floor: mx.array):
+    def _run_step(self, batch: MiniBatch, adv_std_floor: mx.array, actor_weight: mx.array):
         if self._step_verified or self._step is self._train_step:
-            return self._step(batch, adv_std_floor)
+            return self._step(batch, adv_std_floor, actor_weight)
         snapshot = self._snapshot()
         try:
-            outputs = self._step(batch, adv_std_floor)
+            outputs = self._step(batch, adv_std_floor, actor_weight)
             # MLX builds compiled kernels lazily: evaluate the first step here, so a JIT
             # failure (e.g. no C++ compiler) is caught, not raised by a later eval.
             mx.eval(outputs, self._state())
@@ -325,7 +360,7 @@ class PPOTrainer:
             self._compile_failed(error)
             self._restore(snapshot)
             self._step = self._train_step
-            outputs = self._step(batch, adv_std_floor)
+            outputs = self._step(batch, adv_std_floor, actor_weight)
         self._step_verified = True
         return outputs
 
@@ -354,8 +389,11 @@ class PPOTrainer:
             state["rollouts_seen"] = mx.array(seen + 1.0, mx.float32)
         return floor
 
-    def update(self, buffer: RolloutBuffer, iteration: int = -1) -> dict[str, float]:
-        """Run the epochs over ``buffer`` (returns and raw advantages already computed)."""
+    def update(
+        self, buffer: RolloutBuffer, iteration: int = -1, train_actor: bool = True
+    ) -> dict[str, float]:
+        """Run the epochs over ``buffer`` (returns and raw advantages already computed);
+        with ``train_actor`` false only the critic learns (a fine-tuning warm-up)."""
         cfg = self.cfg
         check_interval = self.runtime.check_interval(iteration)
         skipped = {1: 0, 2: 0, 3: 0}
@@ -402,8 +440,9 @@ class PPOTrainer:
             cfg.num_mini_batches, cfg.num_learning_epochs, key=key
         )
         floor_array = mx.array(floor, mx.float32)
+        actor_weight = mx.array(1.0 if train_actor else 0.0, mx.float32)
         for index, batch in enumerate(batches):
-            _, metrics, status = self._run_step(batch, floor_array)
+            _, metrics, status = self._run_step(batch, floor_array, actor_weight)
             pending_metrics.append(metrics)
             pending_status.append(status)
             mx.eval(self._state(), metrics, status)
