@@ -205,10 +205,9 @@ def test_ros2_launch_deploy_drives_the_lifecycle_node(install_prefix, ros_domain
         # The operator's view of the same node: `ros2 lifecycle set` moves it, and the
         # launch does not re-activate a node deactivated by hand.
         change = 'deactivate' if settled == 'active' else 'activate'
-        result = subprocess.run(
-            [ros2, 'lifecycle', 'set', '--no-daemon', '--spin-time', '3', '/unilab_policy',
-             change], env=env, capture_output=True, text=True, timeout=30)
-        assert 'Transitioning successful' in result.stdout, result.stdout + result.stderr
+        answer = _until_found(ros2, env, 'lifecycle', 'set', '--no-daemon', '--spin-time', '3',
+                              '/unilab_policy', change)
+        assert 'Transitioning successful' in answer, answer
         other = 'inactive' if settled == 'active' else 'active'
         assert _lifecycle_state(ros2, env, deadline, other).startswith(other)
         time.sleep(1.0)
@@ -289,15 +288,20 @@ def _cli(ros2, env, *arguments: str) -> str:
     return result.stdout + result.stderr
 
 
-def _param(ros2, env, verb: str, *arguments: str) -> str:
-    """``ros2 param <verb>``, again while discovery has not found the node or its
-    parameter services yet (an empty answer)."""
+def _until_found(ros2, env, *arguments: str) -> str:
+    """``ros2 <arguments>``, again while discovery has not found the node or its services
+    yet (on two busy cores that can outlast one spin): "Node not found" or no answer."""
     deadline = time.monotonic() + 30.0
     while True:
-        # --no-daemon: a ros2 daemon would outlive the test; discovery takes the spin.
-        output = _cli(ros2, env, 'param', verb, '--no-daemon', '--spin-time', '2', *arguments)
+        output = _cli(ros2, env, *arguments)
         if output.strip() not in ('', 'Node not found') or time.monotonic() > deadline:
             return output
+
+
+def _param(ros2, env, verb: str, *arguments: str) -> str:
+    # --no-daemon: a ros2 daemon would outlive the test; discovery takes the spin.
+    return _until_found(ros2, env, 'param', verb, '--no-daemon', '--spin-time', '2',
+                        *arguments)
 
 
 def test_the_ros2_cli_steers_a_running_trainer(install_prefix, ros_domain_env, tmp_path):
