@@ -318,7 +318,7 @@ def test_the_ros2_cli_steers_a_running_trainer(install_prefix, ros_domain_env, t
         start_new_session=True)
     trainer = '/cli/unilab_trainer'
     try:
-        status = _cli(ros2, env, 'topic', 'echo', '--once', '--timeout', '60',
+        status = _cli(ros2, env, 'topic', 'echo', '--no-daemon', '--once', '--timeout', '60',
                       f'{trainer}/status', 'std_msgs/msg/String')
         assert '"state": "waiting_for_observation"' in status, status
         assert 'Boolean value is: True' in _param(ros2, env, 'get',
