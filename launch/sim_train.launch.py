@@ -21,6 +21,7 @@ def generate_launch_description() -> LaunchDescription:
     num_envs = LaunchConfiguration('num_envs')
     namespace = LaunchConfiguration('namespace')
     params_file = LaunchConfiguration('params_file')
+    checkpoint_dir = LaunchConfiguration('checkpoint_dir')
     use_sim_time = LaunchConfiguration('use_sim_time')
 
     arguments = [
@@ -39,6 +40,11 @@ def generate_launch_description() -> LaunchDescription:
                 [FindPackageShare('unilab_ros'), 'config', 'pendulum.yaml']),
             description='YAML with gym_env and unilab_trainer parameters'),
         DeclareLaunchArgument(
+            'checkpoint_dir', default_value='',
+            description='Output folder of the trainer (wins over params_file); empty: a new '
+                        'folder per run, runs/<namespace or default>/<time>-<pid>/, with a '
+                        'runs/<namespace or default>/latest link'),
+        DeclareLaunchArgument(
             'use_sim_time', default_value='false', choices=['true', 'false'],
             description='Use the /clock topic instead of the wall clock'),
     ]
@@ -53,7 +59,9 @@ def generate_launch_description() -> LaunchDescription:
     trainer = Node(
         package='unilab_ros', executable='trainer_node', name='unilab_trainer',
         namespace=namespace, output='screen',
-        parameters=[params_file, common])
+        parameters=[params_file, {
+            **common,
+            'checkpoint_dir': ParameterValue(checkpoint_dir, value_type=str)}])
     return LaunchDescription([
         *arguments, require_params_file(), gym_env, trainer,
         ends_the_launch(gym_env, 'gym_env'), ends_the_launch(trainer, 'unilab_trainer'),

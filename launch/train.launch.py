@@ -19,6 +19,7 @@ from unilab_ros.launch_support import ends_the_launch, require_params_file
 def generate_launch_description() -> LaunchDescription:
     namespace = LaunchConfiguration('namespace')
     params_file = LaunchConfiguration('params_file')
+    checkpoint_dir = LaunchConfiguration('checkpoint_dir')
     use_sim_time = LaunchConfiguration('use_sim_time')
 
     arguments = [
@@ -31,6 +32,11 @@ def generate_launch_description() -> LaunchDescription:
                 [FindPackageShare('unilab_ros'), 'config', 'trainer.yaml']),
             description='YAML with unilab_trainer parameters'),
         DeclareLaunchArgument(
+            'checkpoint_dir', default_value='',
+            description='Output folder of the trainer (wins over params_file); empty: a new '
+                        'folder per run, runs/<namespace or default>/<time>-<pid>/, with a '
+                        'runs/<namespace or default>/latest link'),
+        DeclareLaunchArgument(
             'use_sim_time', default_value='false', choices=['true', 'false'],
             description='Use the /clock topic (e.g. Gazebo) instead of the wall clock'),
     ]
@@ -38,6 +44,7 @@ def generate_launch_description() -> LaunchDescription:
         package='unilab_ros', executable='trainer_node', name='unilab_trainer',
         namespace=namespace, output='screen',
         parameters=[params_file,
-                    {'use_sim_time': ParameterValue(use_sim_time, value_type=bool)}])
+                    {'use_sim_time': ParameterValue(use_sim_time, value_type=bool),
+                     'checkpoint_dir': ParameterValue(checkpoint_dir, value_type=str)}])
     return LaunchDescription([*arguments, require_params_file(), trainer,
                               ends_the_launch(trainer, 'unilab_trainer')])

@@ -97,7 +97,6 @@ SMALL_RUN = """\
     max_iterations: 2
     warm_up_update: false
     tensorboard: false
-    checkpoint_dir: {checkpoint_dir}
     model:
       actor_hidden_dims: [8]
       critic_hidden_dims: [8]
@@ -125,18 +124,19 @@ def _ros2(install_prefix, ros_domain_env) -> tuple[str, dict[str, str]]:
     return str(ros2), env
 
 
-def _ros2_launch(install_prefix, ros_domain_env, *arguments, timeout=120.0):
+def _ros2_launch(install_prefix, ros_domain_env, *arguments, timeout=120.0, cwd=None):
     ros2, env = _ros2(install_prefix, ros_domain_env)
-    return subprocess.run([ros2, 'launch', PACKAGE, *arguments], env=env,
+    return subprocess.run([ros2, 'launch', PACKAGE, *arguments], env=env, cwd=cwd,
                           capture_output=True, text=True, timeout=timeout)
 
 
 def test_ros2_launch_sim_train_trains_and_ends_when_the_trainer_finishes(
         install_prefix, ros_domain_env, tmp_path):
     params = tmp_path / 'small.yaml'
-    params.write_text(SMALL_RUN.format(checkpoint_dir=tmp_path / 'run'))
+    params.write_text(SMALL_RUN)
     result = _ros2_launch(install_prefix, ros_domain_env, 'sim_train.launch.py',
-                          f'params_file:={params}', 'num_envs:=2')
+                          f'params_file:={params}', 'num_envs:=2',
+                          f'checkpoint_dir:={tmp_path / "run"}')
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-3000:]
     assert 'unilab_trainer finished: stopping the launch' in output, output[-3000:]
@@ -205,10 +205,9 @@ def test_ros2_launch_deploy_drives_the_lifecycle_node(install_prefix, ros_domain
         # The operator's view of the same node: `ros2 lifecycle set` moves it, and the
         # launch does not re-activate a node deactivated by hand.
         change = 'deactivate' if settled == 'active' else 'activate'
-        result = subprocess.run(
-            [ros2, 'lifecycle', 'set', '--no-daemon', '--spin-time', '3', '/unilab_policy',
-             change], env=env, capture_output=True, text=True, timeout=30)
-        assert 'Transitioning successful' in result.stdout, result.stdout + result.stderr
+        answer = _until_found(ros2, env, 'lifecycle', 'set', '--no-daemon', '--spin-time', '3',
+                              '/unilab_policy', change)
+        assert 'Transitioning successful' in answer, answer
         other = 'inactive' if settled == 'active' else 'active'
         assert _lifecycle_state(ros2, env, deadline, other).startswith(other)
         time.sleep(1.0)
@@ -221,3 +220,129 @@ def test_ros2_launch_deploy_drives_the_lifecycle_node(install_prefix, ros_domain
             os.killpg(launch.pid, signal.SIGKILL)
             output, _ = launch.communicate()
     assert 'configured with' in output, output[-3000:]
+
+
+def test_a_sourced_workspace_runs_ros2_launch(install_prefix, ros_domain_env):
+    """The README's workspace steps: colcon build, source install/setup.bash, launch."""
+    ros2, _ = _ros2(install_prefix, ros_domain_env)
+    setup_bash = install_prefix.parent / 'setup.bash'
+    assert setup_bash.is_file(), 'colcon-bash (requirements-dev.txt) writes setup.bash'
+    # Only what the README asks for: the venv on PATH and in AMENT_PREFIX_PATH (the ament
+    # markers of the ROS 2 wheels live there); setup.bash adds the workspace itself.
+    env = dict(ros_domain_env, AMENT_PREFIX_PATH=sys.prefix,
+               PATH=os.pathsep.join([str(Path(ros2).parent), ros_domain_env.get('PATH', '')]))
+    env.pop('PYTHONPATH', None)
+    script = (f'source {setup_bash} && ros2 pkg prefix {PACKAGE} && '
+              f'ros2 launch {PACKAGE} sim_train.launch.py --show-args')
+    result = subprocess.run(['bash', '-c', script], env=env, cwd=install_prefix.parent,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.splitlines()[0] == str(install_prefix)
+    assert "'checkpoint_dir'" in result.stdout
+
+
+def test_two_launches_from_one_directory_write_to_folders_of_their_own(
+        install_prefix, ros_domain_env, tmp_path):
+    params = tmp_path / 'small.yaml'
+    params.write_text(SMALL_RUN)
+    ros2, env = _ros2(install_prefix, ros_domain_env)
+    # One namespace, so both default to the same root; two ROS graphs, so their topics
+    # stay apart (the second domain id is as arbitrary as conftest's).
+    domain = int(env['ROS_DOMAIN_ID'])
+    launches = [
+        subprocess.Popen([ros2, 'launch', PACKAGE, 'sim_train.launch.py',
+                          f'params_file:={params}', 'num_envs:=2'],
+                         env=dict(env, ROS_DOMAIN_ID=str(domain_id)), cwd=tmp_path,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         start_new_session=True)
+        for domain_id in (domain, 1 + (domain + 49) % 100)
+    ]
+    outputs = [_finish(launch, timeout=120.0) for launch in launches]
+    for launch, output in zip(launches, outputs, strict=True):
+        assert launch.returncode == 0, output[-3000:]
+    # Same namespace, same second: the process id keeps the runs apart.
+    runs = tmp_path / 'runs' / 'default'
+    folders = sorted(path for path in runs.iterdir() if path.name != 'latest')
+    assert len(folders) == 2, folders
+    for folder in folders:
+        header_lines = [line for line in (folder / 'metrics.csv').read_text().splitlines()
+                        if line.startswith('iteration')]
+        assert len(header_lines) == 1, folder
+        assert (folder / 'checkpoint_000002.safetensors').is_file()
+    assert (runs / 'latest').resolve() in folders
+
+
+def _finish(launch: subprocess.Popen, timeout: float) -> str:
+    """The launch's output once it exits; its whole process group is killed if it hangs."""
+    try:
+        output, _ = launch.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(launch.pid, signal.SIGKILL)
+        output, _ = launch.communicate()
+    return output
+
+
+def _cli(ros2, env, *arguments: str) -> str:
+    result = subprocess.run([ros2, *arguments], env=env, capture_output=True, text=True,
+                            timeout=60)
+    return result.stdout + result.stderr
+
+
+def _until_found(ros2, env, *arguments: str) -> str:
+    """``ros2 <arguments>``, again while discovery has not found the node or its services
+    yet (on two busy cores that can outlast one spin): "Node not found" or no answer."""
+    deadline = time.monotonic() + 30.0
+    while True:
+        output = _cli(ros2, env, *arguments)
+        if output.strip() not in ('', 'Node not found') or time.monotonic() > deadline:
+            return output
+
+
+def _param(ros2, env, verb: str, *arguments: str) -> str:
+    # --no-daemon: a ros2 daemon would outlive the test; discovery takes the spin.
+    return _until_found(ros2, env, 'param', verb, '--no-daemon', '--spin-time', '2',
+                        *arguments)
+
+
+def test_the_ros2_cli_steers_a_running_trainer(install_prefix, ros_domain_env, tmp_path):
+    # The trainer alone, waiting for a robot: it answers at once (a training one on two
+    # busy cores takes seconds per call), and waiting is its first state on a robot.
+    params = tmp_path / 'small.yaml'
+    params.write_text(SMALL_RUN)
+    ros2, env = _ros2(install_prefix, ros_domain_env)
+    run = tmp_path / 'run'
+    launch = subprocess.Popen(
+        [ros2, 'launch', PACKAGE, 'train.launch.py', f'params_file:={params}',
+         'namespace:=cli', f'checkpoint_dir:={run}'],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True)
+    trainer = '/cli/unilab_trainer'
+    try:
+        status = _cli(ros2, env, 'topic', 'echo', '--no-daemon', '--once', '--timeout', '60',
+                      f'{trainer}/status', 'std_msgs/msg/String')
+        assert '"state": "waiting_for_observation"' in status, status
+        assert 'Boolean value is: True' in _param(ros2, env, 'get',
+                                                 trainer, 'training')
+        assert 'Set parameter successful' in _param(ros2, env, 'set',
+                                                   trainer, 'ppo.learning_rate', '0.0005')
+        assert 'Double value is: 0.0005' in _param(ros2, env, 'get',
+                                                  trainer, 'ppo.learning_rate')
+        refused = _param(ros2, env, 'set', trainer, 'num_envs', '4')
+        assert 'Setting parameter failed' in refused and 'read-only' in refused, refused
+        described = _param(ros2, env, 'describe', trainer,
+                         'step_timeout')
+        assert 'late step is dropped' in described and 'Read only: true' in described, \
+            described
+        answer = _cli(ros2, env, 'service', 'call', f'{trainer}/set_training',
+                      'std_srvs/srv/SetBool', '{data: false}')
+        assert 'success=True' in answer and 'training=False' in answer, answer
+        assert 'Boolean value is: False' in _param(ros2, env, 'get',
+                                                  trainer, 'training')
+        saved = _cli(ros2, env, 'service', 'call', f'{trainer}/save_checkpoint',
+                     'std_srvs/srv/Trigger')
+        assert 'success=True' in saved, saved
+        assert (run / 'latest.safetensors').is_file()
+    finally:
+        os.killpg(launch.pid, signal.SIGINT)
+        output = _finish(launch, timeout=30.0)
+    assert 'Traceback' not in output, output[-3000:]

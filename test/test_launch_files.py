@@ -16,8 +16,9 @@ import pytest
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]
 LAUNCH_DIR = PACKAGE_ROOT / 'launch'
 EXPECTED_ARGUMENTS = {
-    'sim_train.launch.py': {'env_id', 'num_envs', 'namespace', 'params_file', 'use_sim_time'},
-    'train.launch.py': {'namespace', 'params_file', 'use_sim_time'},
+    'sim_train.launch.py': {'env_id', 'num_envs', 'namespace', 'params_file', 'use_sim_time',
+                            'checkpoint_dir'},
+    'train.launch.py': {'namespace', 'params_file', 'use_sim_time', 'checkpoint_dir'},
     'deploy.launch.py': {'checkpoint', 'namespace', 'params_file', 'activate'},
 }
 LAUNCH_FILES = sorted(EXPECTED_ARGUMENTS)

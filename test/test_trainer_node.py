@@ -10,6 +10,7 @@ tiny (2 envs x obs 3 -> action 1, 4-step rollouts) so an update takes millisecon
 The subprocess tests load the shipped YAML files and check the exit codes of `main()`.
 """
 
+import contextlib
 import json
 import os
 import signal
@@ -522,34 +523,43 @@ def test_main_starts_from_the_yaml_and_exits_0_on_sigint(
         "-p",
         "tensorboard:=false",
     )
-    process = subprocess.Popen(
-        command,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=_subprocess_env(ros_domain_env),
-        cwd=tmp_path,
-    )
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(process.stdout), daemon=True)
-    reader.start()
-    try:
-        deadline = time.monotonic() + 30.0
-        while time.monotonic() < deadline and process.poll() is None:
-            if any("ready:" in line for line in lines):
-                break
-            time.sleep(0.05)
+    with _trainer_process(command, ros_domain_env, tmp_path) as (process, lines):
+        _wait_for_lines(process, lines, "ready:", 1)
         ready = [line for line in lines if "ready:" in line]
         assert ready, "".join(lines)
         assert sizes in ready[0]
         process.send_signal(signal.SIGINT)
         assert process.wait(timeout=5.0) == 0, "".join(lines)
+    assert "Traceback" not in "".join(lines)
+
+
+@contextlib.contextmanager
+def _trainer_process(command: list[str], ros_domain_env: dict, cwd: Path):
+    """The trainer as a subprocess and the list its output lines arrive in; killed on
+    the way out if still running."""
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env=_subprocess_env(ros_domain_env), cwd=cwd,
+    )
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(process.stdout), daemon=True)
+    reader.start()
+    try:
+        yield process, lines
     finally:
         if process.poll() is None:
             process.kill()
             process.wait()
         reader.join(timeout=5.0)
-    assert "Traceback" not in "".join(lines)
+
+
+def _wait_for_lines(process: subprocess.Popen, lines: list[str], text: str, count: int) -> None:
+    """Until ``count`` lines hold ``text``, the process exits, or 30 s pass."""
+    deadline = time.monotonic() + 30.0
+    while time.monotonic() < deadline and process.poll() is None:
+        if sum(text in line for line in lines) >= count:
+            return
+        time.sleep(0.05)
 
 
 @pytest.mark.parametrize(
@@ -884,3 +894,31 @@ def test_estop_topic_and_export_bundle_service(make_env, tmp_path):
         PolicySampler(bundle.model(), 0)(obs, deterministic=True),
         env.trainer.agent.act(obs, deterministic=True),
     )
+
+
+def test_main_says_what_it_waits_for_and_writes_to_a_run_folder_of_its_own(
+    ros_domain_env, tmp_path
+):
+    """No checkpoint_dir: a folder per run under runs/<namespace>/; with no robot, a
+    throttled line names the resolved topics it waits on."""
+    command = _trainer_command(
+        "--params-file", str(PACKAGE_ROOT / "config" / "trainer.yaml"),
+        "-r", "__ns:=/robot7", "-p", "warm_up_update:=false", "-p", "tensorboard:=false",
+        "-p", "wait_report_period:=0.5",
+    )
+    with _trainer_process(command, ros_domain_env, tmp_path) as (process, lines):
+        _wait_for_lines(process, lines, "waiting for the first observation", 2)
+        waiting = [line for line in lines if "waiting for the first observation" in line]
+        assert len(waiting) >= 2, "".join(lines)
+        for topic in ("observation", "reward", "done"):
+            assert f"/robot7/{topic} (0 publishers)" in waiting[0]
+        assert "actions go to /robot7/action" in waiting[0]
+        # Throttled: one line a period, not one per check.
+        assert len(waiting) <= 3, "".join(lines)
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=10.0) == 0, "".join(lines)
+    runs = tmp_path / "runs" / "robot7"
+    folders = [path for path in runs.iterdir() if path.name != "latest"]
+    assert len(folders) == 1 and folders[0].name.endswith(f"-{process.pid}")
+    assert (runs / "latest").resolve() == folders[0].resolve()
+    assert f"output: {folders[0]}" in "".join(lines)

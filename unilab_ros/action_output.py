@@ -41,6 +41,11 @@ class ActionOutput:
         message_type = Float64MultiArray if float64 else Float32MultiArray
         self._publisher = create(message_type, "action", qos)
 
+    @property
+    def topic_name(self) -> str:
+        """The resolved topic name (namespace and remaps applied)."""
+        return self._publisher.topic_name
+
     def publish(self, command: np.ndarray) -> None:
         self._publisher.publish(self._to_msg(command, ("env", "action")))
 

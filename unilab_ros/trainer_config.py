@@ -28,8 +28,12 @@ class TrainerNodeConfig:
     """Type of both services: empty, trigger (std_srvs) or setbool (data true pauses)."""
     service_timeout: float = 2.0
     """Seconds to wait for the pause (resume) service before updating (acting) anyway."""
-    checkpoint_dir: str = "checkpoints"
-    """Folder for checkpoints, the metrics CSV and TensorBoard logs."""
+    checkpoint_dir: str = ""
+    """Folder for checkpoints, the metrics CSV and TensorBoard logs; empty: a new folder
+    per run, runs_root/<namespace or default>/<YYYYmmdd-HHMMSS>-<pid>/ (runs_root/<namespace
+    or default>/latest links to the newest), so two runs never write the same files."""
+    runs_root: str = "runs"
+    """Where the per-run folders go when checkpoint_dir is empty."""
     resume_from: str = ""
     """Checkpoint to continue from (iteration, optimizer, normalizer); empty: fresh start."""
     best_min_episodes: int = 100
@@ -48,7 +52,13 @@ class TrainerNodeConfig:
     """Offer ~/save_checkpoint, ~/set_training and ~/set_deterministic and accept live
     parameter changes; false on a robot where nobody on the DDS domain may steer it."""
 
+    wait_report_period: float = 5.0
+    """Seconds between the log lines that say, while no observation has come yet, which
+    topics the trainer waits on."""
+
     def validate(self) -> None:
+        if self.wait_report_period <= 0.0:
+            raise ValueError("wait_report_period must be positive")
         if self.service_timeout <= 0.0:
             raise ValueError("service_timeout must be positive")
         if self.pause_service_type not in PAUSE_SERVICE_TYPES:

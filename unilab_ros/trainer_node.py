@@ -58,6 +58,7 @@ from unilab_ros.rl.finetune import FineTuneConfig, make_agent
 from unilab_ros.rl.model import ModelConfig
 from unilab_ros.rl.ppo import PPOConfig
 from unilab_ros.rl.ppo_runtime import PPORuntimeConfig
+from unilab_ros.run_folder import new_run_folder
 from unilab_ros.sim_pause import SimPause
 from unilab_ros.trainer_config import TrainerNodeConfig
 from unilab_ros.training_loop import (
@@ -171,7 +172,7 @@ class TrainerNode(Node):
         self._warned_at: dict[str, float] = {}
         self.last_metrics: dict[str, float] = {}
         self._iteration_start = (time.perf_counter(), agent.env_steps)
-        self._checkpoint_dir = Path(self.cfg.checkpoint_dir)
+        self._checkpoint_dir = self._output_folder()
         try:
             stale = remove_stale_temporaries(self._checkpoint_dir)
         except OSError:
@@ -212,12 +213,23 @@ class TrainerNode(Node):
         self.create_timer(min(0.05, loop_cfg.step_timeout / 4.0), self._check_step_deadline)
         self.create_timer(self.loop.watchdog.period, self._watchdog, clock=steady)
         self.create_timer(1.0, self._publish_status, clock=steady)
+        self.create_timer(self.cfg.wait_report_period, self._report_waiting, clock=steady)
         self.get_logger().info(
             f"ready: {self.num_envs} envs x obs {self.obs_dim} -> action "
             f"{agent_cfg.action_dim}, rollout {agent_cfg.num_steps} steps, iteration "
-            f"{agent.iteration}, BLAS: {blas_description()}"
+            f"{agent.iteration}, BLAS: {blas_description()}; output: {self._checkpoint_dir}"
         )
         self._closed = False
+
+    def _output_folder(self) -> Path:
+        """``checkpoint_dir``, or else a new folder for this run (see run_folder)."""
+        if self.cfg.checkpoint_dir:
+            return Path(self.cfg.checkpoint_dir)
+        try:
+            return new_run_folder(Path(self.cfg.runs_root), self.get_namespace())
+        except OSError as error:
+            raise ConfigError(f"cannot create a run folder under {self.cfg.runs_root}: "
+                              f"{error}") from None
 
     @property
     def finished(self) -> bool:
@@ -348,6 +360,21 @@ class TrainerNode(Node):
             )
         if silence.publish_safe:
             self._publish_safe_action()
+
+    @_while_ros_runs
+    def _report_waiting(self) -> None:
+        """Before the first observation, say which topics the trainer waits on (resolved,
+        so a wrong namespace or remap shows) and how many publishers each has."""
+        if self.loop.phase is not Phase.WAITING:
+            return
+        topics = ", ".join(
+            f"{sub.topic_name} ({self.count_publishers(sub.topic_name)} publishers)"
+            for sub in (self._obs_sub, self._reward_sub, self._done_sub)
+        )
+        self.get_logger().info(
+            f"waiting for the first observation; subscribed to {topics}; actions go to "
+            f"{self._action_out.topic_name}"
+        )
 
     # Updating.
 
