@@ -97,8 +97,13 @@ class Harness:
                                and len(self.received['reward']) == rewards + 1
                                and len(self.received['done']) == dones + 1), 'no step reply'
         if first_step:
-            # Re-published first observations may still be in flight; none follow the step's.
-            self.spin_for(0.05)
+            # Re-published first observations may still be in flight when the step's reply
+            # is in; they arrive before the step's observation, the first that differs
+            # from the initial state (a random start moves in one step).
+            first = self.received['observation'][0].data
+            assert self.spin_until(
+                lambda: len(self.received['observation']) > observations
+                and self.received['observation'][-1].data != first), 'no step observation'
         else:
             assert self.spin_until(
                 lambda: len(self.received['observation']) == observations + 1)
@@ -173,13 +178,20 @@ def test_the_latest_observation_is_republished_while_no_action_comes(harness_fac
 
 
 def test_nothing_is_republished_while_actions_keep_coming(harness_factory):
-    harness = harness_factory(num_envs=2, seed=3, republish_period=0.2)
+    period = 0.2
+    harness = harness_factory(num_envs=2, seed=3, republish_period=period)
     harness.step(np.zeros((2, 1)))
     republished = harness.env.counters.observation_republishes
-    deadline = time.monotonic() + 0.6
-    while time.monotonic() < deadline:
+    # A loaded machine may stall a step past the period; only such a gap may re-publish.
+    stalls = 0
+    last = time.monotonic()
+    deadline = last + 3 * period
+    while last < deadline:
         harness.step(np.zeros((2, 1)))
-    assert harness.env.counters.observation_republishes == republished
+        now = time.monotonic()
+        stalls += now - last > period
+        last = now
+    assert harness.env.counters.observation_republishes - republished <= stalls
 
 
 def test_an_action_steps_every_env_and_publishes_reward_done_observation(harness_factory):
