@@ -10,7 +10,10 @@ setup(
     packages=find_packages(exclude=['test', 'test.*']),
     # The native activations' sources, so an installed package can build them
     # (python -m unilab_ros.rl.native), and the module when `make setup` built it.
-    package_data={'unilab_ros.rl.native': ['*.cpp', 'CMakeLists.txt', '_unilab_native*.so']},
+    package_data={
+        'unilab_ros.rl.native': ['*.cpp', 'CMakeLists.txt', '_unilab_native*.so'],
+        'unilab_ros.middleware': ['*.xml'],
+    },
     data_files=[
         ('share/ament_index/resource_index/packages', ['resource/' + package_name]),
         ('share/' + package_name, ['package.xml']),

@@ -30,7 +30,7 @@ from rclpy.executors import SingleThreadedExecutor
 from rclpy.parameter import Parameter
 from ros_helpers import spin_until
 from rosgraph_msgs.msg import Clock
-from std_msgs.msg import Bool, Float32MultiArray, Float64MultiArray, UInt8MultiArray
+from std_msgs.msg import Bool, Float32MultiArray, Float64MultiArray, String, UInt8MultiArray
 from std_srvs.srv import Empty, SetBool, Trigger
 
 from unilab_ros.messages import read_matrix, to_float32_msg, to_uint8_msg
@@ -922,3 +922,56 @@ def test_main_says_what_it_waits_for_and_writes_to_a_run_folder_of_its_own(
     assert len(folders) == 1 and folders[0].name.endswith(f"-{process.pid}")
     assert (runs / "latest").resolve() == folders[0].resolve()
     assert f"output: {folders[0]}" in "".join(lines)
+
+
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024.0
+    raise AssertionError(f"no VmRSS for pid {pid}")
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").is_file(), reason="reads RSS from /proc")
+def test_huge_observations_are_rejected_without_growing_memory(
+    context, ros_domain_env, tmp_path
+):
+    """Bursts of 10-million-float observations are refused and leave no memory behind:
+    the package's Fast DDS profile frees each sample's buffer (rmw_fastrtps' default kept
+    one of the largest size per queued sample, +150 MB for good after a burst of four)."""
+    command = _trainer_command(
+        "--params-file", str(PACKAGE_ROOT / "config" / "trainer.yaml"),
+        "-p", f"checkpoint_dir:={tmp_path}", "-p", "tensorboard:=false",
+        "-p", "warm_up_update:=false",
+    )
+    node = rclpy.create_node("huge_probe", context=context)
+    executor = SingleThreadedExecutor(context=context)
+    executor.add_node(node)
+    statuses: list[dict] = []
+    node.create_subscription(
+        String, "/unilab_trainer/status", lambda msg: statuses.append(json.loads(msg.data)), 10
+    )
+    publisher = node.create_publisher(Float32MultiArray, "observation", 10)
+    huge = to_float32_msg(np.zeros((1, 10_000_000), np.float32), ("env", "obs"))
+    message_mb = 10_000_000 * 4 / 2**20
+
+    def rejected() -> int:
+        return statuses[-1]["rejected_observations"] if statuses else -1
+
+    with _trainer_process(command, ros_domain_env, tmp_path) as (process, lines):
+        _wait_for_lines(process, lines, "ready:", 1)
+        assert spin_until(executor, lambda: publisher.get_subscription_count() > 0
+                          and rejected() == 0, 30.0), "".join(lines)
+        before = _rss_mb(process.pid)
+        publisher.publish(huge)
+        assert spin_until(executor, lambda: rejected() == 1, 30.0), "".join(lines)
+        after_one = _rss_mb(process.pid)
+        for _ in range(3):
+            publisher.publish(huge)
+        assert spin_until(executor, lambda: rejected() == 4, 30.0), "".join(lines)
+        after_four = _rss_mb(process.pid)
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=20.0) == 0, "".join(lines)
+    executor.shutdown()
+    node.destroy_node()
+    assert after_one - before < 0.25 * message_mb, (before, after_one)
+    assert after_four - before < 0.25 * message_mb, (before, after_four)

@@ -18,6 +18,8 @@ from rclpy.impl.implementation_singleton import rclpy_implementation
 from rclpy.node import Node
 from rclpy.signals import SignalHandlerOptions
 
+from unilab_ros.middleware import apply_fastdds_profile
+
 RCLError = rclpy_implementation.RCLError
 
 
@@ -58,6 +60,8 @@ def run_node(
     with a ``finished`` attribute ends the spin when it turns true. On the way out
     (signal, shutdown or finish) ``destroy_node`` runs, where nodes save their work.
     """
+    # Before rclpy.init: Fast DDS reads its profile when the first participant is made.
+    apply_fastdds_profile()
     try:
         # rclpy's own handlers would raise KeyboardInterrupt inside whatever callback runs
         # (the executor logs that as a FATAL) and invalidate the context under it; the
