@@ -491,10 +491,9 @@ def test_target_kl_stop_drops_the_step_over_the_target_and_ends_the_epochs(enabl
     seen: list = []
     steer_kls(buffer, trainer, [0.001, 0.002, 0.2] + [0.001] * 13, seen)
     metrics = trainer.update(buffer)
-    # The stop is read one step late (reading it at once would wait for each step), so
-    # at most one mini-batch after the third was served; the third's step and that one
-    # left the model and Adam's moments (and step count) as they were before the third.
-    assert len(seen) in (3, 4)
+    # No mini-batch after the third was served; the third's step left the model and
+    # Adam's moments (and step count) as they were before it.
+    assert len(seen) == 3
     assert_same_state(state_copy(trainer), seen[2]["state"])
     assert not np.array_equal(seen[2]["state"]["model.std"], seen[0]["state"]["model.std"])
     assert metrics["early_stopped_kl"] == 1.0
