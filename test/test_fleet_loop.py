@@ -181,3 +181,23 @@ def test_fleet_sizes_and_trigger_are_checked():
     with pytest.raises(ValueError, match="rollout is full"):
         FleetLoop(LoopConfig(update_trigger="episode_end"), make_agent(6),
                   ActionMapper(ActionConfig(), 2, 1), ROBOTS)
+
+
+def test_a_robot_silent_across_fast_updates_stalls_at_resume():
+    # Updates reset every step in flight, so a robot whose step never comes back cannot
+    # time out when the rollouts fill faster than step_timeout: resume stalls it instead.
+    fleet = Fleet()
+    for r in range(3):
+        fleet.start(r)
+    fleet.now += STEP_TIMEOUT + 0.5
+    decision = None
+    while not isinstance(decision, BeginUpdate):
+        for r in (0, 2):
+            decision = fleet.step(r)
+            if isinstance(decision, BeginUpdate):
+                break
+    fleet.loop.update()
+    decisions = fleet.loop.resume(fleet.now, fleet.now)
+    assert [(type(d).__name__, d.robot) for d in decisions] == [
+        ("RobotAction", 0), ("RobotStalled", 1), ("RobotAction", 2)]
+    assert fleet.loop.stalled_robots == ["robot2"]

@@ -52,6 +52,8 @@ class RobotAction:
 
     robot: int
     action: PublishAction
+    rejoined: bool = False
+    """The robot was stalled: this is its first action since."""
 
 
 @dataclass(frozen=True)
@@ -91,6 +93,8 @@ class _Robot:
         self.policy_outputs: tuple[np.ndarray, np.ndarray] | None = None
         """Mean and std of the policy's latest action for this robot."""
         self.stalled = False
+        self.heard = 0.0
+        """Node-clock time of its latest valid message."""
 
 
 class FleetLoop:
@@ -134,6 +138,7 @@ class FleetLoop:
         self.estop = False
         self.phase = Phase.WAITING
         self.updates_run = 0
+        self._update_began = 0.0
         self._good_parameters = agent.model.parameters()
 
     def count(self, counter: str) -> int:
@@ -165,6 +170,7 @@ class FleetLoop:
         """A valid observation of robot ``r``."""
         robot = self.robots[r]
         robot.latest_obs = (obs, stamp)
+        robot.heard = now
         robot.watchdog.observed(steady)
         if self.phase is Phase.WAITING:
             self.phase = Phase.COLLECTING
@@ -178,11 +184,13 @@ class FleetLoop:
         return None
 
     def on_reward(self, r: int, reward: np.ndarray, stamp: int, now: float) -> FleetDecision:
+        self.robots[r].heard = now
         if not self._collecting():
             return None
         return self._complete(r, self.robots[r].sync.on_reward(reward, stamp), now)
 
     def on_done(self, r: int, done: np.ndarray, stamp: int, now: float) -> FleetDecision:
+        self.robots[r].heard = now
         if not self._collecting():
             return None
         return self._complete(r, self.robots[r].sync.on_done(done, stamp), now)
@@ -204,6 +212,7 @@ class FleetLoop:
             stored = StepOfEnvs(step.obs, step.action, mean, std, step.reward, step.done)
             if self.lanes.record(robot.envs, stored, step.next_obs):
                 self.phase = Phase.UPDATING
+                self._update_began = now
                 for each in self.robots:
                     each.sync.reset()
                 return BeginUpdate()
@@ -211,7 +220,8 @@ class FleetLoop:
 
     def _act(self, r: int, obs: np.ndarray, stamp: int, now: float) -> RobotAction:
         robot = self.robots[r]
-        if robot.stalled:
+        rejoined = robot.stalled
+        if rejoined:
             robot.stalled = False
             self.count("robot_rejoins")
         robot.acted_stamp = stamp
@@ -220,7 +230,7 @@ class FleetLoop:
             robot.acted_by_sampling = False
             command = robot.guard.hold()
             robot.sync.action_sent(obs, self._in_policy_units(command), stamp, now)
-            return RobotAction(r, PublishAction(command, estop=True))
+            return RobotAction(r, PublishAction(command, estop=True), rejoined)
         actions = self.agent.act(obs, deterministic=self.cfg.deterministic)
         sampler = self.agent.sampler
         robot.policy_outputs = (sampler.last_mean, sampler.last_std)
@@ -243,7 +253,7 @@ class FleetLoop:
                 self.agent.model.update(self._good_parameters)
         robot.sync.action_sent(obs, actions, stamp, now)
         robot.acted_by_sampling = finite and not self.cfg.deterministic
-        return RobotAction(r, PublishAction(command, not finite, restored))
+        return RobotAction(r, PublishAction(command, not finite, restored), rejoined)
 
     def _in_policy_units(self, command: np.ndarray) -> np.ndarray:
         return in_policy_units(self.actions, command)
@@ -253,16 +263,19 @@ class FleetLoop:
         self.lanes.cut(robot.envs)
         self.stats.cut(robot.envs)
 
+    def _stall(self, robot: _Robot) -> None:
+        self._cut(robot)
+        if not robot.stalled:
+            robot.stalled = True
+            self.count("robot_stalls")
+
     def check_step_deadlines(self, now: float) -> list[RobotStalled]:
         """Drop each robot's late step: that robot stalls, the others go on."""
         stalled = []
         for r, robot in enumerate(self.robots):
             if not robot.sync.expired(now):
                 continue
-            self._cut(robot)
-            if not robot.stalled:
-                robot.stalled = True
-                self.count("robot_stalls")
+            self._stall(robot)
             latest = robot.latest_obs
             then = None
             if latest is not None and latest[1] > robot.acted_stamp:
@@ -303,19 +316,28 @@ class FleetLoop:
     def after_update(self) -> Save | None:
         return after_update(self.cfg, self.agent, self.stats, self.best)
 
-    def resume(self, now: float, steady: float) -> list[RobotAction] | Finished:
-        """The simulators run again: act on each live robot's newest observation."""
+    def resume(
+        self, now: float, steady: float
+    ) -> list[RobotAction | RobotStalled] | Finished:
+        """The simulators run again: act on each live robot's newest observation; a robot
+        silent for ``step_timeout`` before the update stalls (its step, cut short by the
+        update, could not time out: the rollouts may fill faster than that)."""
         if self.cfg.max_iterations and self.agent.iteration >= self.cfg.max_iterations:
             self.phase = Phase.FINISHED
             return Finished()
         self.phase = Phase.COLLECTING
-        decisions = []
+        decisions: list[RobotAction | RobotStalled] = []
         for r, robot in enumerate(self.robots):
             robot.watchdog.observed(steady)
             robot.guard.hold()
-            # A stalled robot rejoins on an observation of its own, not on a stale one.
-            if robot.latest_obs is not None and not robot.stalled:
-                decisions.append(self._act(r, *robot.latest_obs, now))
+            if robot.latest_obs is None or robot.stalled:
+                # A stalled robot rejoins on an observation of its own, not on a stale one.
+                continue
+            if self._update_began - robot.heard > self.cfg.step_timeout:
+                self._stall(robot)
+                decisions.append(RobotStalled(r, None))
+                continue
+            decisions.append(self._act(r, *robot.latest_obs, now))
         return decisions
 
     # The emergency stop and live switches.

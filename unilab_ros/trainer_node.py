@@ -34,7 +34,7 @@ from std_srvs.srv import SetBool, Trigger
 from unilab_ros.action_output import ActionOutput, ActionOutputConfig
 from unilab_ros.action_safety import ActionSafetyConfig
 from unilab_ros.executors import run_node
-from unilab_ros.fleet_loop import FleetLoop, RobotAction
+from unilab_ros.fleet_loop import FleetLoop, RobotAction, RobotStalled
 from unilab_ros.messages import MessageError, read_done_codes, read_matrix, read_vector
 from unilab_ros.metrics_log import MetricsLog
 from unilab_ros.params import (
@@ -360,11 +360,23 @@ class TrainerNode(Node):
             )
         self._carry_out(self.loop.set_estop(engaged))
 
-    def _carry_out(self, decision: Decision | RobotAction | list[RobotAction]) -> None:
+    def _carry_out(
+        self, decision: Decision | RobotAction | RobotStalled | list[Any]
+    ) -> None:
         if isinstance(decision, list):
             for each in decision:
                 self._carry_out(each)
+        elif isinstance(decision, RobotStalled):
+            self.get_logger().warning(
+                f"robot {self._robots[decision.robot].name} stalled: no step within "
+                f"step_timeout={self.loop.cfg.step_timeout}s, its episodes cut; the others "
+                f"go on ({self.loop.counters['robot_stalls']} stalls so far)"
+            )
+            if decision.then is not None:
+                self._publish_action(decision.then, decision.robot)
         elif isinstance(decision, RobotAction):
+            if decision.rejoined:
+                self.get_logger().info(f"robot {self._robots[decision.robot].name} rejoined")
             self._publish_action(decision.action, decision.robot)
         elif isinstance(decision, PublishAction):
             self._publish_action(decision)
@@ -393,14 +405,7 @@ class TrainerNode(Node):
     def _check_step_deadline(self) -> None:
         if isinstance(self.loop, FleetLoop):
             for stalled in self.loop.check_step_deadlines(self._now()):
-                self.get_logger().warning(
-                    f"robot {self._robots[stalled.robot].name}: step not completed within "
-                    f"step_timeout={self.loop.cfg.step_timeout}s: stalled, its episodes cut; "
-                    f"the others go on ({self.loop.counters['robot_stalls']} stalls so far)",
-                    throttle_duration_sec=_WARN_PERIOD,
-                )
-                if stalled.then is not None:
-                    self._publish_action(stalled.then, stalled.robot)
+                self._carry_out(stalled)
             return
         dropped = self.loop.check_step_deadline(self._now())
         if dropped is None:
