@@ -20,6 +20,8 @@ EXPECTED_ARGUMENTS = {
                             'checkpoint_dir'},
     'train.launch.py': {'namespace', 'params_file', 'use_sim_time', 'checkpoint_dir'},
     'deploy.launch.py': {'checkpoint', 'namespace', 'params_file', 'activate'},
+    'fleet_train.launch.py': {'num_robots', 'env_id', 'num_envs', 'seed', 'namespace',
+                              'params_file', 'checkpoint_dir'},
 }
 LAUNCH_FILES = sorted(EXPECTED_ARGUMENTS)
 

@@ -29,9 +29,11 @@ class ActionOutputConfig:
 
 
 class ActionOutput:
-    """Publishes (num_envs, action_dim) commands on ``action`` in the configured type."""
+    """Publishes (num_envs, action_dim) commands on ``topic`` in the configured type."""
 
-    def __init__(self, node: Node, cfg: ActionOutputConfig, qos: QoSProfile) -> None:
+    def __init__(
+        self, node: Node, cfg: ActionOutputConfig, qos: QoSProfile, topic: str = "action"
+    ) -> None:
         float64 = cfg.action_msg_type == "float64"
         self._to_msg = to_float64_msg if float64 else to_float32_msg
         self._node = node
@@ -39,7 +41,7 @@ class ActionOutput:
         self._lifecycle = isinstance(node, LifecycleNode)
         create = node.create_lifecycle_publisher if self._lifecycle else node.create_publisher
         message_type = Float64MultiArray if float64 else Float32MultiArray
-        self._publisher = create(message_type, "action", qos)
+        self._publisher = create(message_type, topic, qos)
 
     @property
     def topic_name(self) -> str:

@@ -22,6 +22,7 @@ from rclpy.exceptions import (
     ParameterUninitializedException,
 )
 from rclpy.node import Node
+from rclpy.parameter import Parameter
 
 Config = TypeVar("Config")
 
@@ -77,7 +78,9 @@ def declare_config(
             read_only=read_only,
         )
         try:
-            node.declare_parameter(name, default, descriptor)
+            # rclpy would type an empty list as bytes, refusing the strings given later.
+            typed = Parameter.Type.STRING_ARRAY if default == [] else default
+            node.declare_parameter(name, typed, descriptor)
         except InvalidParameterTypeException as error:
             raise ConfigError(
                 f"parameter '{name}' must be {_type_name(default)} like its default "
@@ -119,6 +122,9 @@ def read_config(node: Node, cls: type[Config], prefix: str = "") -> Config:
         try:
             values[field.name] = _plain(node.get_parameter(name).value)
         except ParameterUninitializedException:
+            if getattr(cls(), field.name) == []:
+                # Declared typed but unset: the empty default stands.
+                continue
             # e.g. `-p name:=[]`: an empty list has no element type, so rclpy keeps none.
             raise ConfigError(
                 f"parameter '{name}' has no value (an empty list cannot be typed: give at "

@@ -6,7 +6,7 @@ action message type are shared with the policy node (``watchdog``, ``action_outp
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 PAUSE_SERVICE_TYPES = ("empty", "trigger", "setbool")
 
@@ -52,6 +52,12 @@ class TrainerNodeConfig:
     """Offer ~/save_checkpoint, ~/set_training and ~/set_deterministic and accept live
     parameter changes; false on a robot where nobody on the DDS domain may steer it."""
 
+    robots: list[str] = field(default_factory=list)
+    """A fleet: the namespaces (relative to the trainer's) of robots that each speak the
+    topic contract with num_envs rows (<robot>/observation, ... <robot>/action), stacked
+    into one rollout; a robot that stalls is left out until it comes back. Empty: one
+    robot on the trainer's own topics."""
+
     wait_report_period: float = 5.0
     """Seconds between the log lines that say, while no observation has come yet, which
     topics the trainer waits on."""
@@ -67,5 +73,9 @@ class TrainerNodeConfig:
             raise ValueError("best_min_episodes must be in 1..100 (the episode window)")
         if not self.observation_limit > 0.0 or not self.reward_limit > 0.0:
             raise ValueError("observation_limit and reward_limit must be positive")
+        if len(set(self.robots)) != len(self.robots) or not all(
+            robot.strip("/") for robot in self.robots
+        ):
+            raise ValueError("robots must be distinct, non-empty namespaces")
         if self.qos_depth < 1:
             raise ValueError("qos_depth must be >= 1")

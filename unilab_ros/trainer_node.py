@@ -1,10 +1,11 @@
 """trainer_node (node ``unilab_trainer``): learns a policy online over the topic contract.
 
 Subscribes ``observation``, ``reward`` and ``done``; publishes ``action``, ``~/status``
-and ``/diagnostics``. What to do with each step is decided by ``TrainingLoop``
-(ROS-free); this node converts messages, keeps the clocks and timers, and talks to ROS:
-the simulator's pause, reports, checkpoints, services and parameters. All MLX work runs
-on the executor's one thread.
+and ``/diagnostics``. With ``robots`` given it trains a fleet: those topics under each
+robot's namespace, one rollout. What to do with each step is decided by ``TrainingLoop``
+(``FleetLoop`` for a fleet; both ROS-free); this node converts messages, keeps the
+clocks and timers, and talks to ROS: the simulator's pause, reports, checkpoints,
+services and parameters. All MLX work runs on the executor's one thread.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import math
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +34,7 @@ from std_srvs.srv import SetBool, Trigger
 from unilab_ros.action_output import ActionOutput, ActionOutputConfig
 from unilab_ros.action_safety import ActionSafetyConfig
 from unilab_ros.executors import run_node
+from unilab_ros.fleet_loop import FleetLoop, RobotAction, RobotStalled
 from unilab_ros.messages import MessageError, read_done_codes, read_matrix, read_vector
 from unilab_ros.metrics_log import MetricsLog
 from unilab_ros.params import (
@@ -70,7 +73,7 @@ from unilab_ros.training_loop import (
     PublishAction,
     TrainingLoop,
 )
-from unilab_ros.watchdog import WatchdogConfig
+from unilab_ros.watchdog import Watchdog, WatchdogConfig
 
 NODE_NAME = "unilab_trainer"
 LIVE_PARAMETERS = frozenset({"training", "deterministic", "ppo.learning_rate"})
@@ -121,7 +124,7 @@ class TrainerNode(Node):
         warn_unknown_parameters(self)
         self.cfg = read_config(self, TrainerNodeConfig)
         loop_cfg = read_config(self, LoopConfig)
-        watchdog_cfg = read_config(self, WatchdogConfig)
+        watchdog_cfg = self.watchdog_cfg = read_config(self, WatchdogConfig)
         output_cfg = read_config(self, ActionOutputConfig)
         safety_cfg = read_config(self, ActionSafetyConfig)
         agent_cfg = read_config(self, AgentConfig)
@@ -136,7 +139,11 @@ class TrainerNode(Node):
                     "a policy: give one of them"
                 )
             self._action_cfg = read_config(self, ActionConfig)
+            # A robot's messages have num_envs rows; the agent acts for the whole fleet.
             actions = ActionMapper(self._action_cfg, agent_cfg.num_envs, agent_cfg.action_dim)
+            robots = self.cfg.robots
+            if robots:
+                agent_cfg = replace(agent_cfg, num_envs=agent_cfg.num_envs * len(robots))
             # Opened first: a bad path is reported alone, before any warm-up.
             checkpoint = Checkpoint(self.cfg.resume_from) if self.cfg.resume_from else None
             if self.cfg.warm_up_update:
@@ -158,14 +165,20 @@ class TrainerNode(Node):
             self.get_logger().info(f"fine-tuning from {fine_tune.init_from}")
         for note in notes:
             self.get_logger().warning(note)
-        self.num_envs, self.obs_dim = agent_cfg.num_envs, agent_cfg.obs_dim
-        stats = EpisodeStats(self.num_envs)
+        self.num_envs, self.obs_dim = actions.safe.shape[0], agent_cfg.obs_dim
+        stats = EpisodeStats(agent_cfg.num_envs)
         if checkpoint is not None:
             stats.load_state(checkpoint.extra.get("episodes", {}))
         self.best = BestPolicy(self.cfg.best_min_episodes, self._save_best)
-        self.loop = TrainingLoop(
-            loop_cfg, agent, actions, stats, self.best, watchdog_cfg, safety_cfg
-        )
+        try:
+            self.loop: TrainingLoop | FleetLoop = (
+                FleetLoop(loop_cfg, agent, actions, robots, stats, self.best, watchdog_cfg,
+                          safety_cfg) if robots else
+                TrainingLoop(loop_cfg, agent, actions, stats, self.best, watchdog_cfg,
+                             safety_cfg)
+            )
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
         self._last_service_save = -math.inf
         self.last_save_error = ""
         self._save_errors_logged: set[tuple[str, int | None]] = set()
@@ -184,15 +197,13 @@ class TrainerNode(Node):
         self._log = MetricsLog(self._checkpoint_dir, self.cfg.tensorboard)
 
         qos = QoSProfile(depth=self.cfg.qos_depth)
-        self._action_out = ActionOutput(self, output_cfg, qos)
         self._status_pub = self.create_publisher(String, "~/status", qos)
         self._diag_pub = self.create_publisher(DiagnosticArray, "/diagnostics", qos)
         subscribe = _stamped_at_entry if arrival_ordered else _stamped_at_reception
-        self._obs_sub = subscribe(
-            self, Float32MultiArray, "observation", self._on_observation, qos
-        )
-        self._reward_sub = subscribe(self, Float32MultiArray, "reward", self._on_reward, qos)
-        self._done_sub = subscribe(self, UInt8MultiArray, "done", self._on_done, qos)
+        self._robots = [
+            self._connect(r, f"{name.strip('/')}/", subscribe, output_cfg, qos)
+            for r, name in enumerate(robots or [""])
+        ]
         self.create_subscription(Bool, "estop", self._on_estop, qos)
         if self.cfg.control_services:
             self.create_service(Trigger, "~/save_checkpoint", self._srv_save)
@@ -200,26 +211,52 @@ class TrainerNode(Node):
             self.create_service(SetBool, "~/set_training", self._srv_set_training)
             self.create_service(SetBool, "~/set_deterministic", self._srv_set_deterministic)
         self.add_on_set_parameters_callback(self._on_set_parameters)
-        self._sim = SimPause(
-            self,
-            self.cfg.pause_service,
-            self.cfg.resume_service,
-            self.cfg.pause_service_type,
-            self.cfg.service_timeout,
-        )
         steady = Clock(clock_type=ClockType.STEADY_TIME)
         # Step deadlines follow the node clock (a paused simulator drops nothing); the
         # watchdog follows the steady clock (it must fire even when sim time stops).
         self.create_timer(min(0.05, loop_cfg.step_timeout / 4.0), self._check_step_deadline)
-        self.create_timer(self.loop.watchdog.period, self._watchdog, clock=steady)
+        self.create_timer(Watchdog(watchdog_cfg).period, self._watchdog, clock=steady)
         self.create_timer(1.0, self._publish_status, clock=steady)
         self.create_timer(self.cfg.wait_report_period, self._report_waiting, clock=steady)
         self.get_logger().info(
-            f"ready: {self.num_envs} envs x obs {self.obs_dim} -> action "
+            f"ready: {self._fleet_size()}{self.num_envs} envs x obs {self.obs_dim} -> action "
             f"{agent_cfg.action_dim}, rollout {agent_cfg.num_steps} steps, iteration "
             f"{agent.iteration}, BLAS: {blas_description()}; output: {self._checkpoint_dir}"
         )
         self._closed = False
+
+    def _connect(
+        self, r: int, prefix: str, subscribe: Any, output_cfg: ActionOutputConfig,
+        qos: QoSProfile,
+    ) -> _Robot:
+        """Topics and simulator services of robot ``r``, under ``prefix`` ("/": none)."""
+        prefix = prefix.lstrip("/")
+
+        def scoped(service: str) -> str:
+            # A relative service name is the robot's (its simulator's pause).
+            return service if not service or service.startswith("/") else prefix + service
+
+        return _Robot(
+            prefix.rstrip("/"),
+            subscribe(self, Float32MultiArray, prefix + "observation",
+                      functools.partial(self._on_observation, r), qos),
+            subscribe(self, Float32MultiArray, prefix + "reward",
+                      functools.partial(self._on_reward, r), qos),
+            subscribe(self, UInt8MultiArray, prefix + "done",
+                      functools.partial(self._on_done, r), qos),
+            ActionOutput(self, output_cfg, qos, prefix + "action"),
+            SimPause(
+                self,
+                scoped(self.cfg.pause_service),
+                scoped(self.cfg.resume_service),
+                self.cfg.pause_service_type,
+                self.cfg.service_timeout,
+            ),
+        )
+
+    def _fleet_size(self) -> str:
+        robots = self.cfg.robots
+        return f"{len(robots)} robots ({', '.join(robots)}) x " if robots else ""
 
     def _output_folder(self) -> Path:
         """``checkpoint_dir``, or else a new folder for this run (see run_folder)."""
@@ -265,39 +302,52 @@ class TrainerNode(Node):
             return None
 
     @_while_ros_runs
-    def _on_observation(self, msg: Float32MultiArray, stamp: int) -> None:
-        self._receive_observation(msg, stamp)
+    def _on_observation(self, r: int, msg: Float32MultiArray, stamp: int) -> None:
+        self._receive_observation(r, msg, stamp)
 
     @_while_ros_runs
-    def _on_reward(self, msg: Float32MultiArray, stamp: int) -> None:
-        self._receive_reward(msg, stamp)
+    def _on_reward(self, r: int, msg: Float32MultiArray, stamp: int) -> None:
+        self._receive_reward(r, msg, stamp)
 
     @_while_ros_runs
-    def _on_done(self, msg: UInt8MultiArray, stamp: int) -> None:
-        self._receive_done(msg, stamp)
+    def _on_done(self, r: int, msg: UInt8MultiArray, stamp: int) -> None:
+        self._receive_done(r, msg, stamp)
 
-    def _receive_observation(self, msg: Float32MultiArray, stamp: int) -> bool:
-        """Hand a valid observation to the loop; False when it was rejected."""
+    def _receive_observation(self, r: int, msg: Float32MultiArray, stamp: int) -> bool:
+        """Hand a valid observation of robot ``r`` to the loop; False when it was rejected."""
         obs = self._read(
             "observation", read_matrix, msg, self.num_envs, self.obs_dim,
             limit=self.cfg.observation_limit,
         )
         if obs is not None:
-            self._carry_out(self.loop.on_observation(obs, stamp, self._now(), time.monotonic()))
+            now, steady = self._now(), time.monotonic()
+            self._carry_out(
+                self.loop.on_observation(r, obs, stamp, now, steady)
+                if isinstance(self.loop, FleetLoop)
+                else self.loop.on_observation(obs, stamp, now, steady)
+            )
         return obs is not None
 
-    def _receive_reward(self, msg: Float32MultiArray, stamp: int) -> bool:
+    def _receive_reward(self, r: int, msg: Float32MultiArray, stamp: int) -> bool:
         reward = self._read(
             "reward", read_vector, msg, self.num_envs, limit=self.cfg.reward_limit
         )
         if reward is not None:
-            self._carry_out(self.loop.on_reward(reward, stamp, self._now()))
+            self._carry_out(
+                self.loop.on_reward(r, reward, stamp, self._now())
+                if isinstance(self.loop, FleetLoop)
+                else self.loop.on_reward(reward, stamp, self._now())
+            )
         return reward is not None
 
-    def _receive_done(self, msg: UInt8MultiArray, stamp: int) -> bool:
+    def _receive_done(self, r: int, msg: UInt8MultiArray, stamp: int) -> bool:
         done = self._read("done", read_done_codes, msg, self.num_envs)
         if done is not None:
-            self._carry_out(self.loop.on_done(done, stamp, self._now()))
+            self._carry_out(
+                self.loop.on_done(r, done, stamp, self._now())
+                if isinstance(self.loop, FleetLoop)
+                else self.loop.on_done(done, stamp, self._now())
+            )
         return done is not None
 
     @_while_ros_runs
@@ -310,13 +360,30 @@ class TrainerNode(Node):
             )
         self._carry_out(self.loop.set_estop(engaged))
 
-    def _carry_out(self, decision: Decision) -> None:
-        if isinstance(decision, PublishAction):
+    def _carry_out(
+        self, decision: Decision | RobotAction | RobotStalled | list[Any]
+    ) -> None:
+        if isinstance(decision, list):
+            for each in decision:
+                self._carry_out(each)
+        elif isinstance(decision, RobotStalled):
+            self.get_logger().warning(
+                f"robot {self._robots[decision.robot].name} stalled: no step within "
+                f"step_timeout={self.loop.cfg.step_timeout}s, its episodes cut; the others "
+                f"go on ({self.loop.counters['robot_stalls']} stalls so far)"
+            )
+            if decision.then is not None:
+                self._publish_action(decision.then, decision.robot)
+        elif isinstance(decision, RobotAction):
+            if decision.rejoined:
+                self.get_logger().info(f"robot {self._robots[decision.robot].name} rejoined")
+            self._publish_action(decision.action, decision.robot)
+        elif isinstance(decision, PublishAction):
             self._publish_action(decision)
         elif isinstance(decision, BeginUpdate):
             self._begin_update()
 
-    def _publish_action(self, decision: PublishAction) -> None:
+    def _publish_action(self, decision: PublishAction, r: int = 0) -> None:
         if decision.nonfinite:
             self.get_logger().error(
                 f"the policy gave a non-finite action ({self.counters['nonfinite_actions']} "
@@ -325,10 +392,10 @@ class TrainerNode(Node):
                    else ""),
                 throttle_duration_sec=_WARN_PERIOD,
             )
-        self._action_out.publish(decision.command)
+        self._robots[r].action_out.publish(decision.command)
 
-    def _publish_safe_action(self) -> None:
-        self._action_out.publish(self.loop.actions.safe)
+    def _publish_safe_action(self, r: int) -> None:
+        self._robots[r].action_out.publish(self.loop.actions.safe)
         self.loop.count("safe_actions_published")
 
     def _now(self) -> float:
@@ -336,12 +403,16 @@ class TrainerNode(Node):
 
     @_while_ros_runs
     def _check_step_deadline(self) -> None:
+        if isinstance(self.loop, FleetLoop):
+            for stalled in self.loop.check_step_deadlines(self._now()):
+                self._carry_out(stalled)
+            return
         dropped = self.loop.check_step_deadline(self._now())
         if dropped is None:
             return
         self.get_logger().warning(
             f"step not completed within step_timeout={self.loop.cfg.step_timeout}s: dropped "
-            f"({self.loop.sync.counters['steps_dropped']} so far); the next observation "
+            f"({self.loop.step_counters['steps_dropped']} so far); the next observation "
             "starts a new segment",
             throttle_duration_sec=_WARN_PERIOD,
         )
@@ -350,16 +421,21 @@ class TrainerNode(Node):
 
     @_while_ros_runs
     def _watchdog(self) -> None:
-        silence = self.loop.check_watchdog(time.monotonic())
-        if silence is None:
-            return
-        if silence.first:
-            self.get_logger().warning(
-                f"no observation for {self.loop.watchdog.cfg.obs_timeout}s: "
-                + ("publishing the safe action" if silence.publish_safe else "waiting")
-            )
-        if silence.publish_safe:
-            self._publish_safe_action()
+        steady = time.monotonic()
+        if isinstance(self.loop, FleetLoop):
+            silences = [(s.robot, s.silence) for s in self.loop.check_watchdogs(steady)]
+        else:
+            silence = self.loop.check_watchdog(steady)
+            silences = [] if silence is None else [(0, silence)]
+        for r, silence in silences:
+            if silence.first:
+                robot = f"robot {self._robots[r].name}: " if self.cfg.robots else ""
+                self.get_logger().warning(
+                    f"{robot}no observation for {self.watchdog_cfg.obs_timeout}s: "
+                    + ("publishing the safe action" if silence.publish_safe else "waiting")
+                )
+            if silence.publish_safe:
+                self._publish_safe_action(r)
 
     @_while_ros_runs
     def _report_waiting(self) -> None:
@@ -369,11 +445,13 @@ class TrainerNode(Node):
             return
         topics = ", ".join(
             f"{sub.topic_name} ({self.count_publishers(sub.topic_name)} publishers)"
-            for sub in (self._obs_sub, self._reward_sub, self._done_sub)
+            for robot in self._robots
+            for sub in (robot.obs_sub, robot.reward_sub, robot.done_sub)
         )
+        outputs = ", ".join(robot.action_out.topic_name for robot in self._robots)
         self.get_logger().info(
             f"waiting for the first observation; subscribed to {topics}; actions go to "
-            f"{self._action_out.topic_name}"
+            f"{outputs}"
         )
 
     # Updating.
@@ -382,11 +460,21 @@ class TrainerNode(Node):
         self._publish_status()
         # Pause first: a safe action published before the pause answered could reach the
         # simulator first and step it, a step nobody learns from.
-        self._sim.pause(then=self._run_update)
+        self._call_sims("pause", then=self._run_update)
+
+    def _call_sims(self, call: str, then: Callable[[], None], first: int = 0) -> None:
+        """Pause (resume) every robot's simulator, one after the other, then ``then``."""
+        if first == len(self._robots):
+            then()
+            return
+        getattr(self._robots[first].sim, call)(
+            then=lambda: self._call_sims(call, then, first + 1)
+        )
 
     def _run_update(self) -> None:
         if self.cfg.update_safe_action:
-            self._publish_safe_action()
+            for r in range(len(self._robots)):
+                self._publish_safe_action(r)
         first_compile = self.agent.runtime_cfg.enable_compile and not self.cfg.warm_up_update
         if self.loop.updates_run == 0 and first_compile:
             self.get_logger().info(
@@ -404,7 +492,7 @@ class TrainerNode(Node):
             self.save(due.reason)
         # Act only once the simulator runs again: an action that reached it still paused
         # would be dropped, and collection would stall until the step timed out.
-        self._sim.resume(then=self._restart_collecting)
+        self._call_sims("resume", then=self._restart_collecting)
 
     def _restart_collecting(self) -> None:
         self._drain_queued()
@@ -412,8 +500,8 @@ class TrainerNode(Node):
         if isinstance(decision, Finished):
             self.save("max_iterations reached")
             self.get_logger().info(f"finished {self.agent.iteration} iterations")
-        elif decision is not None:
-            self._publish_action(decision)
+        else:
+            self._carry_out(decision)
 
     def _drain_queued(self) -> None:
         """Discard what arrived during the update; the loop keeps the newest observation.
@@ -422,17 +510,21 @@ class TrainerNode(Node):
         responses to the action that restarts collection; taking them here keeps
         them out of the buffer.
         """
-        for sub, receive in (
-            (self._obs_sub, self._receive_observation),
-            (self._reward_sub, self._receive_reward),
-            (self._done_sub, self._receive_done),
-        ):
-            while (taken := _take(sub)) is not None:
-                msg, info = taken
-                # The loop counts a valid one as discarded (it is updating); bad input is
-                # bad input whenever it comes: counted (and logged) as such, and discarded.
-                if not receive(msg, info["received_timestamp"]):
-                    self.loop.count("discarded_during_update")
+        for r, robot in enumerate(self._robots):
+            for sub, receive in (
+                (robot.obs_sub, self._receive_observation),
+                (robot.reward_sub, self._receive_reward),
+                (robot.done_sub, self._receive_done),
+            ):
+                self._drain(r, sub, receive)
+
+    def _drain(self, r: int, sub: Subscription[Any], receive: Any) -> None:
+        while (taken := _take(sub)) is not None:
+            msg, info = taken
+            # The loop counts a valid one as discarded (it is updating); bad input is
+            # bad input whenever it comes: counted (and logged) as such, and discarded.
+            if not receive(r, msg, info["received_timestamp"]):
+                self.loop.count("discarded_during_update")
 
     def _report_iteration(self, metrics: dict[str, float]) -> None:
         start, steps = self._iteration_start
@@ -446,7 +538,7 @@ class TrainerNode(Node):
             "episodes": float(self.stats.episodes),
             "steps_per_s": rate,
             **metrics,
-            **{k: float(v) for k, v in self.loop.sync.counters.items()},
+            **{k: float(v) for k, v in self.loop.step_counters.items()},
             **{k: float(v) for k, v in self.counters.items()},
         }
         self.last_metrics = values
@@ -458,12 +550,12 @@ class TrainerNode(Node):
             f"{rate:7.0f} steps/s | update {metrics['update_time']:5.2f}s | "
             f"kl {metrics['approx_kl']:.4f} (max {metrics['approx_kl_max']:.3f}) "
             f"lr {metrics['learning_rate_min']:.0e}..{metrics['learning_rate_max']:.0e} | "
-            f"dropped {self.loop.sync.counters['steps_dropped']} "
+            f"dropped {self.loop.step_counters['steps_dropped']} "
             f"rejected {sum(v for k, v in self.counters.items() if k.startswith('rejected'))}"
         )
 
     def _publish_diagnostics(self, values: dict[str, float]) -> None:
-        dropped = self.loop.sync.counters["steps_dropped"]
+        dropped = self.loop.step_counters["steps_dropped"]
         problems = dropped + self.counters["rejected_observations"]
         level = DiagnosticStatus.WARN if problems else DiagnosticStatus.OK
         if self.counters["save_failures"] or self._log.failures:
@@ -489,11 +581,13 @@ class TrainerNode(Node):
             "deterministic": self.loop.cfg.deterministic,
             # JSON has no NaN (strict parsers refuse it): no episode yet reads null.
             "mean_return": _json_number(self.stats.mean_return),
-            "sim_service_failures": self._sim.calls_failed,
+            "sim_service_failures": sum(robot.sim.calls_failed for robot in self._robots),
             "metrics_log_failures": self._log.failures,
             "last_save_error": self.last_save_error,
-            **self.loop.sync.counters,
+            **self.loop.step_counters,
             **self.counters,
+            **({"stalled_robots": self.loop.stalled_robots}
+               if isinstance(self.loop, FleetLoop) else {}),
         }
 
     @_while_ros_runs
@@ -642,6 +736,18 @@ class TrainerNode(Node):
     def destroy_node(self) -> None:
         self.close()
         super().destroy_node()
+
+
+@dataclass(frozen=True)
+class _Robot:
+    """A robot's topics and simulator services (the trainer's own with no fleet)."""
+
+    name: str
+    obs_sub: Subscription[Any]
+    reward_sub: Subscription[Any]
+    done_sub: Subscription[Any]
+    action_out: ActionOutput
+    sim: SimPause
 
 
 def _json_number(value: float) -> float | None:

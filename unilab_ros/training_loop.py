@@ -168,6 +168,11 @@ class TrainingLoop:
     def learning(self) -> bool:
         return self.cfg.training and not self.cfg.deterministic
 
+    @property
+    def step_counters(self) -> dict[str, int]:
+        """The synchroniser's counters."""
+        return self.sync.counters
+
     # Steps.
 
     def on_observation(self, obs: np.ndarray, stamp: int, now: float, steady: float) -> Decision:
@@ -274,11 +279,7 @@ class TrainingLoop:
         return sent
 
     def _in_policy_units(self, command: np.ndarray) -> np.ndarray:
-        """``command`` before ``action_scale`` (0 where a dim's scale is 0: any action
-        maps to the same command there)."""
-        scale = self.actions.scale
-        with np.errstate(divide="ignore", invalid="ignore"):
-            return np.where(scale != 0.0, command / scale, 0.0).astype(np.float32)
+        return in_policy_units(self.actions, command)
 
     def _cut_segment(self) -> None:
         """The step stream broke: no return is computed across the gap."""
@@ -332,12 +333,7 @@ class TrainingLoop:
 
     def after_update(self) -> Save | None:
         """Offer the policy to ``best``; the checkpoint this iteration is due, if any."""
-        if self.best is not None:
-            self.best.offer(self.agent, self.stats)
-        interval = self.cfg.checkpoint_interval
-        if interval and self.agent.iteration % interval == 0:
-            return Save("interval")
-        return None
+        return after_update(self.cfg, self.agent, self.stats, self.best)
 
     def resume(self, now: float, steady: float) -> PublishAction | Finished | None:
         """The simulator runs again: act on the newest observation, or finish."""
@@ -388,6 +384,30 @@ class TrainingLoop:
         self.cfg.deterministic = deterministic
 
     def set_learning_rate(self, rate: float) -> None:
-        # The adaptive schedule goes on from this rate.
-        self.agent.trainer.learning_rate = rate
-        self.agent.ppo_cfg.learning_rate = rate
+        set_learning_rate(self.agent, rate)
+
+
+def in_policy_units(actions: ActionMapper, command: np.ndarray) -> np.ndarray:
+    """``command`` before ``action_scale`` (0 where a dim's scale is 0: any action maps to
+    the same command there)."""
+    scale = actions.scale
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(scale != 0.0, command / scale, 0.0).astype(np.float32)
+
+
+def after_update(
+    cfg: LoopConfig, agent: PPOAgent, stats: EpisodeStats, best: BestPolicy | None
+) -> Save | None:
+    """Offer the policy to ``best``; the checkpoint this iteration is due, if any."""
+    if best is not None:
+        best.offer(agent, stats)
+    interval = cfg.checkpoint_interval
+    if interval and agent.iteration % interval == 0:
+        return Save("interval")
+    return None
+
+
+def set_learning_rate(agent: PPOAgent, rate: float) -> None:
+    # The adaptive schedule goes on from this rate.
+    agent.trainer.learning_rate = rate
+    agent.ppo_cfg.learning_rate = rate

@@ -18,6 +18,25 @@ from unilab_ros.rl.ppo_runtime import PPORuntimeConfig
 _LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
 
 
+def gaussian_log_prob(actions: np.ndarray, mean: np.ndarray, std: np.ndarray) -> np.ndarray:
+    """Log-density of each row of ``actions`` under the diagonal Gaussian (mean, std)."""
+    z = (actions - mean) / std
+    return np.sum(-0.5 * z * z - np.log(std) - _LOG_SQRT_2PI, axis=-1)
+
+
+@dataclass(frozen=True)
+class StepOfEnvs:
+    """One step of some envs as the acting policy took it (rows: those envs)."""
+
+    obs: np.ndarray
+    actions: np.ndarray
+    mean: np.ndarray
+    std: np.ndarray
+    """The acting policy's mean and std of ``actions`` (PPO's "old" outputs)."""
+    rewards: np.ndarray
+    dones: np.ndarray
+
+
 @dataclass
 class AgentConfig:
     """Sizes of the problem and of one rollout."""
@@ -126,8 +145,7 @@ class PPOAgent:
             self.sampler(obs, deterministic=True)
             mean, std = self.sampler.last_mean, self.sampler.last_std
         actions = np.asarray(actions, np.float32).reshape(self.cfg.num_envs, -1)
-        z = (actions - mean) / std
-        log_probs = np.sum(-0.5 * z * z - np.log(std) - _LOG_SQRT_2PI, axis=-1)
+        log_probs = gaussian_log_prob(actions, mean, std)
         scaled = np.asarray(rewards, np.float32) * self.cfg.reward_scale
         self.buffer.add(
             obs=obs, actions=actions, rewards=scaled, dones=dones,
@@ -135,6 +153,23 @@ class PPOAgent:
         )
         self.env_steps += self.cfg.num_envs
         return self.buffer.full
+
+    def record_rows(
+        self,
+        steps: np.ndarray,
+        envs: np.ndarray,
+        step: StepOfEnvs,
+    ) -> None:
+        """Store one step of the envs ``envs``, each at its own time index ``steps``,
+        with the acting policy's mean and std (a fleet's robots step on their own)."""
+        actions = np.asarray(step.actions, np.float32).reshape(len(envs), -1)
+        self.buffer.put(
+            steps, envs, obs=step.obs, actions=actions,
+            rewards=np.asarray(step.rewards, np.float32) * self.cfg.reward_scale,
+            dones=step.dones, log_probs=gaussian_log_prob(actions, step.mean, step.std),
+            mean=step.mean, std=step.std,
+        )
+        self.env_steps += len(envs)
 
     def cut(self) -> None:
         """End every env's segment at the last stored step (bootstrapped as a time-out)."""

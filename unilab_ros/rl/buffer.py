@@ -110,6 +110,40 @@ class RolloutBuffer:
             self.sigma[t] = np.broadcast_to(np.asarray(std), self.mu[t].shape)
         self.step += 1
 
+    def put(
+        self,
+        steps: np.ndarray,
+        envs: np.ndarray,
+        *,
+        obs: Any,
+        actions: Any,
+        rewards: Any,
+        dones: Any,
+        log_probs: Any,
+        mean: Any,
+        std: Any,
+    ) -> None:
+        """Store one step of some envs, each at its own time index (``steps[k]`` of column
+        ``envs[k]``), for sources that step on their own (see ``lanes``); ``step`` does not
+        move: ``mark_full`` says when every slot holds a step."""
+        count = len(envs)
+        self.observations[steps, envs] = np.asarray(obs).reshape(count, self.obs_dim)
+        self.actions[steps, envs] = np.asarray(actions).reshape(count, self.action_dim)
+        self.rewards[steps, envs] = np.asarray(rewards).reshape(count)
+        self.dones[steps, envs] = np.asarray(dones).reshape(count)
+        self.log_probs[steps, envs] = np.asarray(log_probs).reshape(count)
+        self.mu[steps, envs] = np.asarray(mean).reshape(count, self.action_dim)
+        self.sigma[steps, envs] = np.broadcast_to(np.asarray(std), (count, self.action_dim))
+
+    def mark_full(self) -> None:
+        """Every slot was filled through ``put``: the rollout is complete."""
+        self.step = self.num_steps
+
+    def truncate_at(self, steps: np.ndarray, envs: np.ndarray) -> None:
+        """Mark step ``steps[k]`` of column ``envs[k]`` a time-out where it was running."""
+        last = self.dones[steps, envs]
+        self.dones[steps, envs] = np.where(last == RUNNING, TRUNCATED, last)
+
     def truncate_last(self, env_mask: np.ndarray | None = None) -> None:
         """Mark the latest step of the masked envs (all by default) as a time-out.
 

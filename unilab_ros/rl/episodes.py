@@ -18,10 +18,18 @@ class EpisodeStats:
         self.finished_lengths: deque[int] = deque(maxlen=window)
         self.episodes = 0
 
-    def add(self, rewards: np.ndarray, dones: np.ndarray) -> None:
-        self._returns += rewards
-        self._lengths += 1
-        ended = np.flatnonzero(dones)
+    def add(
+        self, rewards: np.ndarray, dones: np.ndarray, envs: np.ndarray | None = None
+    ) -> None:
+        """One step of every env, or of the envs ``envs`` (a fleet's robot)."""
+        if envs is None:
+            self._returns += rewards
+            self._lengths += 1
+            ended = np.flatnonzero(dones)
+        else:
+            self._returns[envs] += rewards
+            self._lengths[envs] += 1
+            ended = envs[np.flatnonzero(dones)]
         # An episode that lost steps to a cut would log a partial (flattering) return.
         whole = ended[self._whole[ended]]
         self.finished_returns.extend(self._returns[whole].tolist())
@@ -31,11 +39,12 @@ class EpisodeStats:
         self._lengths[ended] = 0
         self._whole[ended] = True
 
-    def cut(self) -> None:
-        """The step stream was interrupted: the episodes in progress are not counted."""
-        self._returns[:] = 0.0
-        self._lengths[:] = 0
-        self._whole[:] = False
+    def cut(self, envs: np.ndarray | slice = slice(None)) -> None:
+        """The step stream (of ``envs``, by default all) was interrupted: the episodes in
+        progress are not counted."""
+        self._returns[envs] = 0.0
+        self._lengths[envs] = 0
+        self._whole[envs] = False
 
     def state(self) -> dict[str, list[float] | int]:
         """The finished-episode windows and count, for a checkpoint (JSON-friendly)."""
