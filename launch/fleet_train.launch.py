@@ -45,6 +45,9 @@ def _fleet(context: LaunchContext) -> list:
         namespace=namespace, output='screen',
         parameters=[params_file, {
             'num_envs': num_envs, 'robots': robots,
+            # No pausing in a fleet yet: a bridge restarted mid-run was seen paused at every
+            # update and never resumed (README, "A fleet of robots").
+            'pause_service': '', 'resume_service': '',
             'checkpoint_dir': ParameterValue(
                 LaunchConfiguration('checkpoint_dir'), value_type=str)}])
     return [*bridges, trainer, ends_the_launch(trainer, 'unilab_trainer')]

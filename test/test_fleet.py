@@ -93,8 +93,9 @@ def test_three_robots_train_and_one_is_killed_and_comes_back(tmp_path):
         "robots": "[" + ",".join(ROBOTS) + "]", "num_envs": "16", "num_steps": "64",
         "checkpoint_dir": str(output), "tensorboard": "false",
         "step_timeout": "1.0", "checkpoint_interval": "0", "max_iterations": "0",
-        # Known gap: with the bridges paused around every update, a restarted bridge was
-        # seen left paused (actions dropped) after it came back; see the report.
+        # Without pausing: a bridge restarted while the trainer pauses the fleet around its
+        # updates was seen paused again at every update and never resumed (README, "A fleet
+        # of robots"); its max_pause does not end a pause that every update renews.
         "pause_service": "''", "resume_service": "''",
     }), env)
     restarted: Process | None = None

@@ -371,3 +371,22 @@ def test_main_exits_non_zero_with_a_one_line_reason():
     output = (result.stdout + result.stderr).strip().splitlines()
     assert 'Traceback' not in result.stderr
     assert len(output) == 1 and 'Discrete action space' in output[0], output
+
+
+def test_a_pause_with_no_resume_ends_after_max_pause(harness_factory):
+    # The trainer that paused it was killed in its update: the env must not wait forever.
+    harness = harness_factory(num_envs=2, seed=1, republish_period=1.0, max_pause=0.4)
+    harness.step(np.zeros((2, 1)))
+    received = len(harness.received['observation'])
+    harness.call('pause')
+    assert harness.env.paused
+    harness.spin_for(0.2)
+    assert harness.env.paused, 'resumed before max_pause'
+    assert harness.spin_until(lambda: not harness.env.paused, timeout=3.0)
+    assert harness.env.counters.pause_timeouts == 1
+    # The waiting state goes out at once (a re-publication would wait 1 s after the
+    # resume), and actions step again.
+    assert harness.spin_until(lambda: len(harness.received['observation']) > received,
+                              timeout=0.5)
+    harness.step(np.zeros((2, 1)))
+    assert harness.env.counters.steps == 2

@@ -55,6 +55,10 @@ class GymEnvParams:
     republish_period: float = 0.5
     """Seconds without an action after which the latest observation is published again
     (and again every period); 0 disables."""
+    max_pause: float = 30.0
+    """Seconds a pause may last without a resume; then the env resumes on its own with a
+    warning (the trainer that paused it is gone: killed in an update, or it paused a
+    previous run of this bridge). 0: a pause lasts until resumed."""
     action_type: str = 'float32'
     """'float32' (Float32MultiArray) or 'float64' (Float64MultiArray, as ros2_control)."""
     qos_depth: int = 10
@@ -71,6 +75,8 @@ class GymEnvParams:
             problems.append(f'max_episode_steps must be >= 0, got {self.max_episode_steps}')
         if self.republish_period < 0:
             problems.append(f'republish_period must be >= 0 s, got {self.republish_period}')
+        if self.max_pause < 0:
+            problems.append(f'max_pause must be >= 0 s, got {self.max_pause}')
         if self.action_type not in ACTION_TYPES:
             problems.append(f'action_type must be one of {sorted(ACTION_TYPES)}, '
                             f'got {self.action_type!r}')
@@ -91,6 +97,7 @@ class GymEnvCounters:
     rejected_actions: int
     actions_while_paused: int
     observation_republishes: int
+    pause_timeouts: int
     mean_return: float | None
 
 
@@ -115,6 +122,9 @@ class GymEnvNode(Node):
         self._actions_while_paused = 0
         self._paused = False
         self._observation_republishes = 0
+        self._pause_timeouts = 0
+        self._paused_since = 0.0
+        self._max_pause = params.max_pause
         self._logged_episodes = 0
 
         self._observation_pub = self.create_publisher(Float32MultiArray, 'observation',
@@ -135,6 +145,8 @@ class GymEnvNode(Node):
             # Checked four times a period, so a re-publication is late by a quarter at most.
             self.create_timer(params.republish_period / 4.0, self._republish_if_quiet)
         self.create_timer(params.log_period, self._report)
+        if params.max_pause > 0:
+            self.create_timer(min(1.0, params.max_pause / 4.0), self._end_a_stale_pause)
         self.get_logger().info(
             f'serving {params.num_envs} x {params.env_id}: obs_dim={self._sim.obs_dim}, '
             f'action_dim={self._sim.action_dim}, action type {params.action_type}')
@@ -145,6 +157,7 @@ class GymEnvNode(Node):
                               rejected_actions=self._rejected_actions,
                               actions_while_paused=self._actions_while_paused,
                               observation_republishes=self._observation_republishes,
+                              pause_timeouts=self._pause_timeouts,
                               mean_return=self._sim.mean_return())
 
     @property
@@ -197,14 +210,32 @@ class GymEnvNode(Node):
             throttle_duration_sec=REJECT_LOG_PERIOD_S)
 
     def _srv_pause(self, _request: Empty.Request, response: Empty.Response) -> Empty.Response:
+        # Counted from the first of repeated pauses: a trainer that keeps pausing and
+        # never resumes must not hold the env forever.
+        if not self._paused:
+            self._paused_since = time.monotonic()
         self._paused = True
         return response
 
+    def _end_a_stale_pause(self) -> None:
+        if not self._paused or time.monotonic() - self._paused_since <= self._max_pause:
+            return
+        self._pause_timeouts += 1
+        self.get_logger().warning(
+            f'paused for over {self._max_pause}s with no resume: resuming '
+            f'({self._pause_timeouts} so far; the trainer that paused it is gone?)')
+        self._resume()
+        # A trainer that is waiting gets the state now, not a republish_period later.
+        self._observation_pub.publish(self._latest_observation)
+
     def _srv_resume(self, _request: Empty.Request, response: Empty.Response) -> Empty.Response:
+        self._resume()
+        return response
+
+    def _resume(self) -> None:
         self._paused = False
         # The trainer acts right after resuming: give it a period before re-publishing.
         self._quiet_since = time.monotonic()
-        return response
 
     def _report(self) -> None:
         counters = self.counters
