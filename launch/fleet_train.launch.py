@@ -21,6 +21,8 @@ from unilab_ros.launch_support import ends_the_launch, require_params_file
 
 SEED_STRIDE = 1000
 """Seed offset between two robots' bridges (each seeds env i with its seed + i)."""
+FLEET_MAX_PAUSE = 5.0
+"""Seconds a bridge stays paused without a resume: longer than an update takes."""
 
 
 def _fleet(context: LaunchContext) -> list:
@@ -37,6 +39,9 @@ def _fleet(context: LaunchContext) -> list:
              namespace='/'.join(filter(None, [namespace, robot])), output='screen',
              parameters=[params_file, {
                  'num_envs': num_envs, 'seed': seed + SEED_STRIDE * k,
+                 # A bridge restarted mid-run can miss the trainer's resumes (README, "A
+                 # fleet of robots"): it resumes itself after this many seconds.
+                 'max_pause': FLEET_MAX_PAUSE,
                  'env_id': ParameterValue(LaunchConfiguration('env_id'), value_type=str)}])
         for k, robot in enumerate(robots)
     ]
@@ -45,9 +50,6 @@ def _fleet(context: LaunchContext) -> list:
         namespace=namespace, output='screen',
         parameters=[params_file, {
             'num_envs': num_envs, 'robots': robots,
-            # No pausing in a fleet yet: a bridge restarted mid-run was seen paused at every
-            # update and never resumed (README, "A fleet of robots").
-            'pause_service': '', 'resume_service': '',
             'checkpoint_dir': ParameterValue(
                 LaunchConfiguration('checkpoint_dir'), value_type=str)}])
     return [*bridges, trainer, ends_the_launch(trainer, 'unilab_trainer')]

@@ -63,8 +63,11 @@ class Process:
 
 
 def _bridge(robot: str, seed: int, env: dict[str, str]) -> Process:
+    # The trainer pauses every bridge around its updates (the params file's services). A
+    # bridge restarted mid-run can be paused at every update and never resumed (the
+    # trainer's resume requests do not reach it); max_pause ends that within 2 s here.
     command = node_command("unilab_ros.gym_env_node", PENDULUM_YAML,
-                           {"num_envs": "16", "seed": str(seed)})
+                           {"num_envs": "16", "seed": str(seed), "max_pause": "2.0"})
     return Process([*command, "-r", f"__ns:=/{robot}"], env)
 
 
@@ -93,9 +96,6 @@ def test_three_robots_train_and_one_is_killed_and_comes_back(tmp_path):
         "robots": "[" + ",".join(ROBOTS) + "]", "num_envs": "16", "num_steps": "64",
         "checkpoint_dir": str(output), "tensorboard": "false",
         "step_timeout": "1.0", "checkpoint_interval": "0", "max_iterations": "0",
-        # Without pausing: a bridge restarted while the trainer pauses the fleet around its
-        # updates was seen paused again at every update and never resumed (README, "A fleet
-        # of robots"); its max_pause does not end a pause that every update renews.
         "pause_service": "''", "resume_service": "''",
     }), env)
     restarted: Process | None = None
