@@ -32,13 +32,10 @@ from unilab_ros.training_loop import (
     COUNTERS,
     BeginUpdate,
     Finished,
+    LoopBase,
     LoopConfig,
     Phase,
     PublishAction,
-    Save,
-    after_update,
-    in_policy_units,
-    set_learning_rate,
 )
 from unilab_ros.watchdog import Silence, Watchdog, WatchdogConfig
 
@@ -97,7 +94,7 @@ class _Robot:
         """Node-clock time of its latest valid message."""
 
 
-class FleetLoop:
+class FleetLoop(LoopBase):
     """The trainer's decisions for a fleet of robots; see the module docstring."""
 
     def __init__(
@@ -112,19 +109,13 @@ class FleetLoop:
         safety: ActionSafetyConfig | None = None,
     ) -> None:
         """``actions`` maps one robot's rows (``num_envs`` = the agent's / robots)."""
-        cfg.validate()
+        super().__init__(cfg, agent, actions, stats, best, COUNTERS + FLEET_COUNTERS)
         if cfg.update_trigger != "rollout_full":
             # episode_end waits for every env's episode: a stalled robot's never ends.
             raise ValueError("a fleet updates when the rollout is full (update_trigger)")
         per_robot, rest = divmod(agent.cfg.num_envs, len(robots))
         if rest or per_robot != actions.safe.shape[0]:
             raise ValueError("the agent's num_envs must be robots x the robots' num_envs")
-        self.cfg = cfg
-        self.agent = agent
-        self.actions = actions
-        self.stats = stats or EpisodeStats(agent.cfg.num_envs)
-        self.best = best
-        self.counters = dict.fromkeys(COUNTERS + FLEET_COUNTERS, 0)
         self.robots = [
             _Robot(name, np.arange(r * per_robot, (r + 1) * per_robot),
                    cfg, ActionGuard(safety or ActionSafetyConfig(), actions.safe),
@@ -135,19 +126,7 @@ class FleetLoop:
             # Each robot stood at the safe action before its first command: blend in.
             robot.guard.hold()
         self.lanes = LaneRollout(agent)
-        self.estop = False
-        self.phase = Phase.WAITING
-        self.updates_run = 0
         self._update_began = 0.0
-        self._good_parameters = agent.model.parameters()
-
-    def count(self, counter: str) -> int:
-        self.counters[counter] += 1
-        return self.counters[counter]
-
-    @property
-    def learning(self) -> bool:
-        return self.cfg.training and not self.cfg.deterministic
 
     @property
     def step_counters(self) -> dict[str, int]:
@@ -255,9 +234,6 @@ class FleetLoop:
         robot.acted_by_sampling = finite and not self.cfg.deterministic
         return RobotAction(r, PublishAction(command, not finite, restored), rejoined)
 
-    def _in_policy_units(self, command: np.ndarray) -> np.ndarray:
-        return in_policy_units(self.actions, command)
-
     def _cut(self, robot: _Robot) -> None:
         """Robot's step stream broke: its episodes are cut, its lanes free."""
         self.lanes.cut(robot.envs)
@@ -305,16 +281,9 @@ class FleetLoop:
 
     def update(self) -> dict[str, float]:
         """The PPO update on the collected rollout; its metrics."""
-        metrics = self.agent.update(self.lanes.bootstrap_obs)
+        metrics = self._update_from(self.lanes.bootstrap_obs)
         self.lanes.clear()
-        parameters = self.agent.model.parameters()
-        if all_finite(parameters):
-            self._good_parameters = parameters
-        self.updates_run += 1
         return metrics
-
-    def after_update(self) -> Save | None:
-        return after_update(self.cfg, self.agent, self.stats, self.best)
 
     def resume(
         self, now: float, steady: float
@@ -322,8 +291,7 @@ class FleetLoop:
         """The simulators run again: act on each live robot's newest observation; a robot
         silent for ``step_timeout`` before the update stalls (its step, cut short by the
         update, could not time out: the rollouts may fill faster than that)."""
-        if self.cfg.max_iterations and self.agent.iteration >= self.cfg.max_iterations:
-            self.phase = Phase.FINISHED
+        if self._finished():
             return Finished()
         self.phase = Phase.COLLECTING
         decisions: list[RobotAction | RobotStalled] = []
@@ -363,19 +331,6 @@ class FleetLoop:
         return [RobotAction(r, PublishAction(robot.guard.hold(), estop=True))
                 for r, robot in enumerate(self.robots)]
 
-    def set_training(self, training: bool) -> None:
-        if self.cfg.training and not training:
-            self._cut_all()
-        self.cfg.training = training
-
-    def set_deterministic(self, deterministic: bool) -> None:
-        if deterministic and not self.cfg.deterministic:
-            self._cut_all()
-        self.cfg.deterministic = deterministic
-
-    def _cut_all(self) -> None:
+    def _cut_rollout(self) -> None:
         for robot in self.robots:
             self.lanes.cut(robot.envs)
-
-    def set_learning_rate(self, rate: float) -> None:
-        set_learning_rate(self.agent, rate)

@@ -121,7 +121,97 @@ class Finished:
 Decision = PublishAction | BeginUpdate | None
 
 
-class TrainingLoop:
+class LoopBase:
+    """What the single-robot loop and the fleet's share: counters, the update's
+    bookkeeping, the end of the run and the live switches. A subclass says how its
+    rollout is cut (``_cut_rollout``)."""
+
+    def __init__(
+        self,
+        cfg: LoopConfig,
+        agent: PPOAgent,
+        actions: ActionMapper,
+        stats: EpisodeStats | None,
+        best: BestPolicy | None,
+        counters: tuple[str, ...] = COUNTERS,
+    ) -> None:
+        cfg.validate()
+        self.cfg = cfg
+        self.agent = agent
+        self.actions = actions
+        self.stats = stats or EpisodeStats(agent.cfg.num_envs)
+        self.best = best
+        self.counters = dict.fromkeys(counters, 0)
+        self.estop = False
+        self.phase = Phase.WAITING
+        self.updates_run = 0
+        self._good_parameters = agent.model.parameters()
+
+    def count(self, counter: str) -> int:
+        """Add one to ``counter`` (one of ``COUNTERS``); returns its new value."""
+        self.counters[counter] += 1
+        return self.counters[counter]
+
+    @property
+    def learning(self) -> bool:
+        return self.cfg.training and not self.cfg.deterministic
+
+    def _in_policy_units(self, command: np.ndarray) -> np.ndarray:
+        """``command`` before ``action_scale`` (0 where a dim's scale is 0: any action
+        maps to the same command there)."""
+        scale = self.actions.scale
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(scale != 0.0, command / scale, 0.0).astype(np.float32)
+
+    def _update_from(self, bootstrap_obs: np.ndarray) -> dict[str, float]:
+        """The PPO update on the collected rollout; its metrics."""
+        metrics = self.agent.update(bootstrap_obs)
+        parameters = self.agent.model.parameters()
+        # Kept for a later non-finite action (MLX arrays are immutable: references).
+        if all_finite(parameters):
+            self._good_parameters = parameters
+        self.updates_run += 1
+        return metrics
+
+    def after_update(self) -> Save | None:
+        """Offer the policy to ``best``; the checkpoint this iteration is due, if any."""
+        if self.best is not None:
+            self.best.offer(self.agent, self.stats)
+        interval = self.cfg.checkpoint_interval
+        if interval and self.agent.iteration % interval == 0:
+            return Save("interval")
+        return None
+
+    def _finished(self) -> bool:
+        """Whether ``max_iterations`` is reached (the phase then says so)."""
+        if self.cfg.max_iterations and self.agent.iteration >= self.cfg.max_iterations:
+            self.phase = Phase.FINISHED
+            return True
+        return False
+
+    # Live switches.
+
+    def set_training(self, training: bool) -> None:
+        if self.cfg.training and not training:
+            self._cut_rollout()
+        self.cfg.training = training
+
+    def set_deterministic(self, deterministic: bool) -> None:
+        # Mean actions are not samples of the policy: PPO must not learn from them.
+        if deterministic and not self.cfg.deterministic:
+            self._cut_rollout()
+        self.cfg.deterministic = deterministic
+
+    def set_learning_rate(self, rate: float) -> None:
+        # The adaptive schedule goes on from this rate.
+        self.agent.trainer.learning_rate = rate
+        self.agent.ppo_cfg.learning_rate = rate
+
+    def _cut_rollout(self) -> None:
+        raise NotImplementedError
+
+
+class TrainingLoop(LoopBase):
     """The trainer's decisions over one training session; see the module docstring."""
 
     def __init__(
@@ -134,23 +224,13 @@ class TrainingLoop:
         watchdog: WatchdogConfig | None = None,
         safety: ActionSafetyConfig | None = None,
     ) -> None:
-        cfg.validate()
-        self.cfg = cfg
-        self.agent = agent
-        self.actions = actions
-        self.stats = stats or EpisodeStats(agent.cfg.num_envs)
-        self.best = best
+        super().__init__(cfg, agent, actions, stats, best)
         self.watchdog = Watchdog(watchdog or WatchdogConfig())
         self.sync = StepSync(cfg.step_timeout)
-        self.counters = dict.fromkeys(COUNTERS, 0)
         self.guard = ActionGuard(safety or ActionSafetyConfig(), actions.safe)
         # The robot stood at the safe action before the first command: blend in from it.
         self.guard.hold()
-        self.estop = False
         self._acted_in_estop = False
-        self.phase = Phase.WAITING
-        self.updates_run = 0
-        self._good_parameters = agent.model.parameters()
         self._latest_obs: tuple[np.ndarray, int] | None = None
         self._acted_stamp = 0
         """Reception stamp of the observation the latest action answered."""
@@ -158,15 +238,6 @@ class TrainingLoop:
         self._bootstrap_obs: np.ndarray | None = None
         self._episode_end_pending = np.zeros(agent.cfg.num_envs, bool)
         self._episode_end_deadline = 0.0
-
-    def count(self, counter: str) -> int:
-        """Add one to ``counter`` (one of ``COUNTERS``); returns its new value."""
-        self.counters[counter] += 1
-        return self.counters[counter]
-
-    @property
-    def learning(self) -> bool:
-        return self.cfg.training and not self.cfg.deterministic
 
     @property
     def step_counters(self) -> dict[str, int]:
@@ -278,9 +349,6 @@ class TrainingLoop:
         self.agent.sent_instead(sent)
         return sent
 
-    def _in_policy_units(self, command: np.ndarray) -> np.ndarray:
-        return in_policy_units(self.actions, command)
-
     def _cut_segment(self) -> None:
         """The step stream broke: no return is computed across the gap."""
         self.agent.cut()
@@ -323,22 +391,11 @@ class TrainingLoop:
     def update(self) -> dict[str, float]:
         """The PPO update on the collected rollout; its metrics."""
         assert self._bootstrap_obs is not None
-        metrics = self.agent.update(self._bootstrap_obs)
-        parameters = self.agent.model.parameters()
-        # Kept for a later non-finite action (MLX arrays are immutable: references).
-        if all_finite(parameters):
-            self._good_parameters = parameters
-        self.updates_run += 1
-        return metrics
-
-    def after_update(self) -> Save | None:
-        """Offer the policy to ``best``; the checkpoint this iteration is due, if any."""
-        return after_update(self.cfg, self.agent, self.stats, self.best)
+        return self._update_from(self._bootstrap_obs)
 
     def resume(self, now: float, steady: float) -> PublishAction | Finished | None:
         """The simulator runs again: act on the newest observation, or finish."""
-        if self.cfg.max_iterations and self.agent.iteration >= self.cfg.max_iterations:
-            self.phase = Phase.FINISHED
+        if self._finished():
             return Finished()
         self.phase = Phase.COLLECTING
         self.watchdog.observed(steady)
@@ -370,44 +427,5 @@ class TrainingLoop:
         self.sync.reset()
         return PublishAction(self.guard.hold(), estop=True)
 
-    # Live switches.
-
-    def set_training(self, training: bool) -> None:
-        if self.cfg.training and not training:
-            self.agent.cut()
-        self.cfg.training = training
-
-    def set_deterministic(self, deterministic: bool) -> None:
-        # Mean actions are not samples of the policy: PPO must not learn from them.
-        if deterministic and not self.cfg.deterministic:
-            self.agent.cut()
-        self.cfg.deterministic = deterministic
-
-    def set_learning_rate(self, rate: float) -> None:
-        set_learning_rate(self.agent, rate)
-
-
-def in_policy_units(actions: ActionMapper, command: np.ndarray) -> np.ndarray:
-    """``command`` before ``action_scale`` (0 where a dim's scale is 0: any action maps to
-    the same command there)."""
-    scale = actions.scale
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(scale != 0.0, command / scale, 0.0).astype(np.float32)
-
-
-def after_update(
-    cfg: LoopConfig, agent: PPOAgent, stats: EpisodeStats, best: BestPolicy | None
-) -> Save | None:
-    """Offer the policy to ``best``; the checkpoint this iteration is due, if any."""
-    if best is not None:
-        best.offer(agent, stats)
-    interval = cfg.checkpoint_interval
-    if interval and agent.iteration % interval == 0:
-        return Save("interval")
-    return None
-
-
-def set_learning_rate(agent: PPOAgent, rate: float) -> None:
-    # The adaptive schedule goes on from this rate.
-    agent.trainer.learning_rate = rate
-    agent.ppo_cfg.learning_rate = rate
+    def _cut_rollout(self) -> None:
+        self.agent.cut()
