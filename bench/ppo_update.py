@@ -49,6 +49,10 @@ MAX_GRAD_NORM = 1.0
 DESIRED_KL = 0.01
 INIT_STD = 1.0
 TERMINATION_RATE = 0.02
+# Before each timed phase: the other trainer's idle BLAS / OpenMP threads spin for up to
+# ~0.1 s after it finishes, which would bill its wait to whichever phase runs next. In
+# training a rollout separates updates, so both start with their threads asleep.
+QUIET_SECONDS = 0.3
 
 
 @dataclass(frozen=True)
@@ -74,6 +78,7 @@ SIZES = {
 
 
 def time_call(phase: Callable[[], Any]) -> float:
+    time.sleep(QUIET_SECONDS)
     start = time.perf_counter()
     phase()
     return time.perf_counter() - start
@@ -97,7 +102,17 @@ def machine() -> str:
 # ---- ours (MLX), in this process ------------------------------------------------------
 
 
-def build_ours(size: Size, data_path: Path) -> Callable[[], Any]:
+@dataclass
+class Ours:
+    """Our trainer on a synthetic rollout, and its update phase."""
+
+    model: Any
+    trainer: Any
+    buffer: Any
+    phase: Callable[[], Any]
+
+
+def build_ours(size: Size, data_path: Path) -> Ours:
     """Our trainer on a synthetic rollout; writes the rollout and weights to ``data_path``."""
     # unilab_ros.rl loads the optimized BLAS, so it must come before mlx.
     import unilab_ros.rl  # noqa: F401, I001
@@ -174,63 +189,71 @@ def build_ours(size: Size, data_path: Path) -> Callable[[], Any]:
         buffer.compute_returns_and_advantages(np.array(model.value(last_obs)))
         return trainer.update(buffer)
 
-    return phase
+    return Ours(model, trainer, buffer, phase)
 
 
-def breakdown(size: Size, phase: Callable[[], Any], repeats: int) -> dict[str, float]:
-    """Seconds per update phase: the whole ``phase`` and our step's parts, each part timed
-    alone on a mini-batch and uncompiled (so they may add up to more than the whole): the
-    linear layers of both networks forward and backward (the ELU replaced by identity),
-    the ELU forward and backward on every hidden layer's output, gradient clipping plus
-    Adam. All are timed in turn in one loop, so load from other processes hits each alike.
+def breakdown(size: Size, ours: Ours, repeats: int) -> dict[str, float]:
+    """Seconds per update phase: the whole ``phase`` and where it goes, from compiled parts
+    timed on one mini-batch and scaled to the phase's 20 steps: the linear layers of both
+    networks forward and backward; the activations (the PPO loss's gradient with ELU
+    minus the same with identity); the rest of the loss's forward and backward; and the
+    rest of the phase (gradient clipping, Adam, the KL schedule, finite checks,
+    mini-batch gathering, GAE). All are timed in turn in one loop, so load from other
+    processes hits each alike.
     """
     import mlx.core as mx
     import mlx.nn as nn
-    import mlx.optimizers as optim
-    from mlx.utils import tree_flatten, tree_map
 
-    from unilab_ros.rl.activations import elu
-    from unilab_ros.rl.model import MLP
+    from unilab_ros.rl.model import MLP, MLPActorCritic
+    from unilab_ros.rl.ppo import PPOTrainer
 
     steps = EPOCHS * MINI_BATCHES
-    batch = size.samples // MINI_BATCHES
-    obs = mx.random.normal((batch, size.obs_dim))
-    nets = nn.Module()
-    nets.actor = MLP(size.obs_dim, list(size.hidden), size.action_dim, lambda x: x, 0.01)
-    nets.critic = MLP(size.obs_dim, list(size.hidden), 1, lambda x: x, 1.0)
-    mx.eval(nets.parameters())
+    batch = next(ours.buffer.mini_batch_generator(MINI_BATCHES, 1, key=mx.random.key(0)))
+    floor, weight = mx.array(0.0), mx.array(1.0)
+
+    def identity(x: mx.array) -> mx.array:
+        return x
+
+    linear = nn.Module()
+    linear.actor = MLP(size.obs_dim, list(size.hidden), size.action_dim, identity, 0.01)
+    linear.critic = MLP(size.obs_dim, list(size.hidden), 1, identity, 1.0)
     linear_grad = nn.value_and_grad(
-        nets, lambda model, x: mx.sum(model.actor(x)) + mx.sum(model.critic(x))
+        linear, lambda model, x: mx.sum(model.actor(x)) + mx.sum(model.critic(x))
     )
-    hidden = [mx.random.normal((batch, width)) for width in size.hidden] * 2
-    cotangents = [mx.random.normal(z.shape) for z in hidden]
-    grads = tree_map(lambda p: mx.random.normal(p.shape), nets.trainable_parameters())
-    optimizer = optim.Adam(learning_rate=LEARNING_RATE, bias_correction=True)
-    optimizer.init(nets.trainable_parameters())
+    # nn.value_and_grad puts its tracers into the module: the state is in and out.
+    linear_step = mx.compile(
+        lambda: linear_grad(linear, batch.obs), inputs=linear.state, outputs=linear.state
+    )
+    no_activation = MLPActorCritic(size.obs_dim, size.action_dim, ours.model.cfg)
+    no_activation.actor._activation = no_activation.critic._activation = identity
 
-    def activation() -> list[mx.array]:
-        return [out for z, c in zip(hidden, cotangents, strict=True)
-                for out in mx.vjp(elu, [z], [c])[1]]
-
-    def clip_and_adam() -> list[Any]:
-        clipped, _ = optim.clip_grad_norm(grads, MAX_GRAD_NORM)
-        optimizer.update(nets, clipped)
-        return [p for _, p in tree_flatten(nets.parameters())] + [optimizer.state]
+    def loss_grad(model: MLPActorCritic) -> Callable[[], Any]:
+        grad = PPOTrainer(model, ours.trainer.cfg)._loss_and_grad
+        return mx.compile(
+            lambda: grad(model, batch, floor, weight), inputs=model.state, outputs=model.state
+        )
 
     parts = {
-        "whole": (1, phase),
-        "matmul": (steps, lambda: linear_grad(nets, obs)),
-        "activation": (steps, activation),
-        "optimizer": (steps, clip_and_adam),
+        "whole": ours.phase,
+        "linear": linear_step,
+        "loss_grad": loss_grad(ours.model),
+        "loss_grad_identity": loss_grad(no_activation),
     }
     times: dict[str, list[float]] = {name: [] for name in parts}
     for index in range(repeats + 1):
-        for name, (count, run) in parts.items():
+        for name, run in parts.items():
             start = time.perf_counter()
             mx.eval(run())
-            if index > 0:  # the first round is the warm-up
-                times[name].append(count * (time.perf_counter() - start))
-    return {name: statistics.median(values) for name, values in times.items()}
+            if index > 0:  # the first round is the warm-up (and compiles)
+                times[name].append(time.perf_counter() - start)
+    median = {name: statistics.median(values) for name, values in times.items()}
+    return {
+        "whole": median["whole"],
+        "matmul": steps * median["linear"],
+        "activation": steps * (median["loss_grad"] - median["loss_grad_identity"]),
+        "loss": steps * (median["loss_grad_identity"] - median["linear"]),
+        "optimizer and rest": median["whole"] - steps * median["loss_grad"],
+    }
 
 
 # ---- rsl_rl (PyTorch), in a child process ---------------------------------------------
@@ -359,7 +382,8 @@ def bench_size(size: Size, repeats: int, skip_reason: str | None, workdir: Path)
         f"{EPOCHS} epochs x {MINI_BATCHES} mini-batches"
     )
     data_path = workdir / f"{size.name}.npz"
-    ours_phase = build_ours(size, data_path)
+    trainer = build_ours(size, data_path)
+    ours_phase = trainer.phase
     from unilab_ros.rl.ppo_runtime import PPORuntimeConfig
 
     rsl_rl = None
@@ -389,11 +413,10 @@ def bench_size(size: Size, repeats: int, skip_reason: str | None, workdir: Path)
     our_median = statistics.median(ours)
     print(f"  ours   {our_median:8.3f} s  {size.samples / our_median:9.0f} samples/s"
           f"  (first call {our_first:.3f} s, enable_compile={PPORuntimeConfig().enable_compile})")
-    parts = breakdown(size, ours_phase, repeats)
+    parts = breakdown(size, trainer, repeats)
     whole = parts.pop("whole")
-    print(f"  ours breakdown (s per update of {whole:.3f} s; parts timed alone): "
-          + ", ".join(f"{name} {seconds:.3f}" for name, seconds in parts.items())
-          + f", loss and rest {whole - sum(parts.values()):.3f}")
+    print(f"  ours breakdown (s per update of {whole:.3f} s): "
+          + ", ".join(f"{name} {seconds:.3f}" for name, seconds in parts.items()))
     ratio = their_median / our_median
     print(f"  ratio  {ratio:.2f}  (rsl_rl s / ours s)")
     return ratio
@@ -408,11 +431,12 @@ def main() -> None:
         rsl_rl_worker(args.rsl_rl_worker)
         return
     import unilab_ros.rl  # noqa: F401 - loads the optimized BLAS before mlx
+    from unilab_ros.rl import heap
     from unilab_ros.rl.activations import NATIVE_STATUS
-    from unilab_ros.rl.blas import loaded_blas
+    from unilab_ros.rl.blas import blas_description
 
-    blas = loaded_blas or "the mlx wheel's own"
-    print(f"machine: {machine()}; BLAS for MLX: {blas}; ELU native kernels: {NATIVE_STATUS}")
+    print(f"machine: {machine()}; BLAS for MLX: {blas_description()}; "
+          f"activations: {NATIVE_STATUS}; heap: {heap.status}")
     skip_reason = rsl_rl_missing()
     if skip_reason is not None:
         print(f"rsl_rl not available ({skip_reason}): it is skipped; `make bench` installs it")

@@ -1,12 +1,15 @@
 """ROS-free MLX core of unilab_ros: actor-critic, rollout buffer, PPO, checkpoints.
 
 The optimized BLAS must be in the process before mlx is first imported, so this
-package loads it before importing any of its MLX modules.
+package loads it before importing any of its MLX modules, and sets up the heap so
+MLX's freed buffers are reused rather than faulted in again (see ``heap``).
 """
 
 from unilab_ros.rl.blas import load_optimized_blas
+from unilab_ros.rl.heap import keep_freed_memory
 
 load_optimized_blas()
+keep_freed_memory()
 
 from unilab_ros.rl.agent import AgentConfig, PPOAgent  # noqa: E402
 from unilab_ros.rl.buffer import RolloutBuffer  # noqa: E402

@@ -4,6 +4,11 @@ MLX's Linux CPU wheel links a reference BLAS whose sgemm is 12-35x slower than
 OpenBLAS. MLX resolves ``cblas_sgemm`` through the dynamic linker, so a library
 loaded earlier with RTLD_GLOBAL wins. ``UNILAB_BLAS`` names a library to load
 instead of the search, or ``none`` to keep MLX's own.
+
+OpenBLAS picks its kernels by CPU model unless ``OPENBLAS_CORETYPE`` names them; the
+kernel set it runs is reported with the library, since it decides the matmul speed (a
+release older than the CPU falls back to older kernels: Debian 12's 0.3.21 runs AVX-512
+CPUs it does not know, such as AMD Zen 5, on its AVX2 "Haswell" kernels).
 """
 
 from __future__ import annotations
@@ -25,14 +30,22 @@ _CANDIDATES = (
 
 loaded_blas: str | None = None
 """Path of the BLAS loaded for MLX, or None when MLX uses the one it links."""
+core_name: str | None = None
+"""The kernel set OpenBLAS runs (e.g. "SkylakeX", "Haswell"), when it says."""
 
 
 def _try_load(path: str) -> bool:
+    global core_name
     try:
         lib = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
     except OSError:
         return False
-    return hasattr(lib, "cblas_sgemm")
+    if not hasattr(lib, "cblas_sgemm"):
+        return False
+    if hasattr(lib, "openblas_get_corename"):
+        lib.openblas_get_corename.restype = ctypes.c_char_p
+        core_name = lib.openblas_get_corename().decode(errors="replace")
+    return True
 
 
 def load_optimized_blas() -> str | None:
@@ -60,5 +73,6 @@ def blas_description() -> str:
     if sys.platform == "darwin":
         return "Accelerate (macOS)"
     if loaded_blas:
-        return f"OpenBLAS ({loaded_blas})"
+        kernels = f", {core_name} kernels" if core_name else ""
+        return f"OpenBLAS ({loaded_blas}{kernels})"
     return "MLX's bundled reference BLAS (slow: install libopenblas0-pthread)"
