@@ -412,7 +412,7 @@ def main() -> None:
     from unilab_ros.rl.blas import loaded_blas
 
     blas = loaded_blas or "the mlx wheel's own"
-    print(f"machine: {machine()}; BLAS for MLX: {blas}; ELU native kernels: {NATIVE_STATUS}")
+    print(f"machine: {machine()}; BLAS for MLX: {blas}; native activations: {NATIVE_STATUS}")
     skip_reason = rsl_rl_missing()
     if skip_reason is not None:
         print(f"rsl_rl not available ({skip_reason}): it is skipped; `make bench` installs it")
