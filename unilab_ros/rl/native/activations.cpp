@@ -104,7 +104,7 @@ inline Sigmoid sigmoid(float x) {
   const float t = a > -kExpMinInput ? 0.0f : exp_nonpositive(-a);
   const float large = 1.0f / (1.0f + t);
   const float small = t * large;
-  // NaN compares false, so it takes small = NaN * ... and propagates.
+  // NaN fails both comparisons: t, large and small are NaN, and so is what it picks.
   const bool nonnegative = x >= 0.0f;
   return {nonnegative ? large : small, nonnegative ? small : large};
 }
