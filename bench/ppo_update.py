@@ -436,7 +436,7 @@ def main() -> None:
     from unilab_ros.rl.blas import blas_description
 
     print(f"machine: {machine()}; BLAS for MLX: {blas_description()}; "
-          f"activations: {NATIVE_STATUS}; heap: {heap.status}")
+          f"native activations: {NATIVE_STATUS}; heap: {heap.status}")
     skip_reason = rsl_rl_missing()
     if skip_reason is not None:
         print(f"rsl_rl not available ({skip_reason}): it is skipped; `make bench` installs it")

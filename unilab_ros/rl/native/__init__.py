@@ -1,12 +1,11 @@
 """The optional compiled activations for MLX's CPU backend: build and load.
 
 ``activations.cpp`` defines MLX primitives whose CPU kernels are vectorized (AVX2 + FMA
-where the CPU has them), for the ELU forward and backward. ``make setup`` builds them
-with ``python -m unilab_ros.rl.native`` (CMake, g++, nanobind and the CMake config in
-the MLX wheel) into this folder. Everything here is optional: where the build or the
-load fails (macOS, no compiler, another MLX), ``load`` says why and the activations
-run on plain MLX ops, as before.
-"""
+where the CPU has them), for the forward and backward of ELU, tanh and SiLU. ``make
+setup`` builds them with ``python -m unilab_ros.rl.native`` (CMake, g++, nanobind and
+the CMake config in the MLX wheel) into this folder. Everything here is optional: where
+the build or the load fails (macOS, no compiler, another MLX), ``load`` says why and the
+activations run on plain MLX ops, as before."""
 
 from __future__ import annotations
 
@@ -19,6 +18,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
@@ -74,17 +74,34 @@ def build(output_dir: Path = SOURCE_DIR, verbose: bool = False) -> Path:
     return built[-1]
 
 
+def _sigmoid(v: float) -> float:
+    return 1.0 / (1.0 + math.exp(-v))
+
+
+# Each native function's value and derivative in float64, for the self-test.
+_REFERENCES: dict[str, tuple[Callable[[float], float], Callable[[float], float]]] = {
+    "elu": (lambda v: v if v > 0 else math.expm1(v), lambda v: 1.0 if v > 0 else math.exp(v)),
+    "tanh": (math.tanh, lambda v: 1.0 - math.tanh(v) ** 2),
+    "silu": (
+        lambda v: v * _sigmoid(v),
+        lambda v: _sigmoid(v) * (1.0 + v * (1.0 - _sigmoid(v))),
+    ),
+}
+
+
 def _self_test(module: ModuleType) -> None:
-    """One forward and one backward against known values: a module built against another
-    nanobind domain or MLX fails here (TypeError) rather than later inside an update."""
-    x = mx.array([-2.0, -0.5, 0.0, 1.5])
-    y, grad = mx.value_and_grad(lambda v: module.elu(v).sum())(x)
-    expected_y = [math.expm1(-2.0), math.expm1(-0.5), 0.0, 1.5]
-    expected_grad = [math.exp(-2.0), math.exp(-0.5), 1.0, 1.0]
-    if abs(y.item() - sum(expected_y)) > 1e-6 or any(
-        abs(a - b) > 1e-6 for a, b in zip(grad.tolist(), expected_grad, strict=True)
-    ):
-        raise RuntimeError(f"self-test gave sum {y.item()}, gradient {grad.tolist()}")
+    """One forward and one backward of each activation against known values: a module
+    built against another nanobind domain or MLX fails here (TypeError), one built from
+    older sources (AttributeError), rather than later inside an update."""
+    points = [-2.0, -0.5, 0.0, 1.5]
+    x = mx.array(points)
+    for name, (value, slope) in _REFERENCES.items():
+        function = getattr(module, name)
+        y, grad = function(x), mx.grad(lambda v, f=function: f(v).sum())(x)
+        expected = [value(v) for v in points] + [slope(v) for v in points]
+        got = y.tolist() + grad.tolist()
+        if any(abs(a - b) > 1e-6 for a, b in zip(got, expected, strict=True)):
+            raise RuntimeError(f"self-test of {name} gave {y.tolist()}, gradient {grad.tolist()}")
 
 
 def load() -> tuple[ModuleType | None, str]:

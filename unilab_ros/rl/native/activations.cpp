@@ -1,17 +1,23 @@
-// Fused ELU for MLX's CPU backend: one vectorized pass forward, one backward.
+// Fused ELU, tanh and SiLU for MLX's CPU backend: one vectorized pass forward, one
+// backward.
 //
-// Why: on Linux the mlx[cpu] wheel evaluates exp with one scalar libm call per element
-// (its element-wise math has no SIMD specialization there), so at robot sizes the ELU,
-// not the matmuls, decides the speed of a PPO update. Here exp(x) - 1 is a branch-free
-// polynomial that the compiler vectorizes, built for AVX2 + FMA next to a baseline
-// version and picked at run time, so one build runs on any x86-64 (and on arm64, where
-// NEON is baseline).
+// Why: on Linux the mlx[cpu] wheel evaluates exp and tanh with one scalar libm call per
+// element (its element-wise math has no SIMD specialization there), so at robot sizes
+// the activation, not the matmuls, decides the speed of a PPO update. Here every
+// transcendental goes through exp(x) - 1 as a branch-free polynomial that the compiler
+// vectorizes, built for AVX2 + FMA next to a baseline version and picked at run time, so
+// one build runs on any x86-64 (and on arm64, where NEON is baseline).
 //
-// The backward reads the forward's output, not its input: for x <= 0 the slope exp(x)
-// is y + 1, for x > 0 it is 1, so it is min(y, 0) + 1 and needs no exp at all.
+// Each activation is a "kind": its element-wise value and slope. The primitives, the
+// loops and their per-instruction-set dispatch are templates over it, so a kind adds only
+// its math. The backward of ELU and tanh reads the forward's output, not its input: for
+// ELU the slope is min(y, 0) + 1 (exp(x) below 0, 1 above), for tanh 1 - y**2, neither
+// needs an exp. SiLU's slope is not a function of its output (it is not monotonic), so
+// its backward reads x and recomputes the sigmoid, which costs less than storing it.
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -48,10 +54,14 @@ constexpr int32_t kFloatBias = 127;
 // Below this 2**n would be subnormal; exp(x) - 1 is -1 in float32 long before.
 constexpr float kExpMinInput = -87.0f;
 
-// exp(x) - 1 for x <= 0 (larger x are taken as 0), within 1 ulp: exp(x) = 2**n exp(r),
-// |r| <= ln(2) / 2, and 2**n (exp(r) - 1) + (2**n - 1) keeps the relative precision
-// near 0 where exp(x) - 1 cancels.
-inline float expm1_nonpositive(float x) {
+// exp(x) = 2**n exp(r) with |r| <= ln(2) / 2, for x <= 0 (larger x are taken as 0):
+// the scale 2**n, built in the exponent bits, and exp(r) - 1 as a polynomial.
+struct ExpParts {
+  float scale;
+  float exp_r_minus_1;
+};
+
+inline ExpParts exp_parts(float x) {
   x = std::min(std::max(x, kExpMinInput), 0.0f);
   const float shifted = x * kLog2e + kRound;
   const float n = shifted - kRound;
@@ -62,43 +72,139 @@ inline float expm1_nonpositive(float x) {
   poly = poly * r + 4.1665795894e-2f;
   poly = poly * r + 1.6666665459e-1f;
   poly = poly * r + 5.0000001201e-1f;
-  const float exp_r_minus_1 = poly * (r * r) + r;
   const int32_t exponent = std::bit_cast<int32_t>(shifted) - (kRoundBits - kFloatBias);
-  const float scale = std::bit_cast<float>(exponent << 23);
-  return scale * exp_r_minus_1 + (scale - 1.0f);
+  return {std::bit_cast<float>(exponent << 23), poly * (r * r) + r};
 }
 
-inline float elu_value(float x) {
-  return std::max(x, 0.0f) + expm1_nonpositive(x);
+// exp(x) - 1 for x <= 0, within 1 ulp: 2**n (exp(r) - 1) + (2**n - 1) keeps the
+// relative precision near 0 where exp(x) - 1 cancels.
+inline float expm1_nonpositive(float x) {
+  const ExpParts parts = exp_parts(x);
+  return parts.scale * parts.exp_r_minus_1 + (parts.scale - 1.0f);
 }
 
-inline float elu_grad(float cotangent, float y) {
-  return cotangent * (std::min(y, 0.0f) + 1.0f);
+// exp(x) for x <= 0. Not expm1 + 1: that rounds away all but the first ~24 bits below 1,
+// i.e. the whole value once x < -17.
+inline float exp_nonpositive(float x) {
+  const ExpParts parts = exp_parts(x);
+  return parts.scale * (parts.exp_r_minus_1 + 1.0f);
 }
 
-// The loops, written once and compiled per instruction set below. always_inline lets
-// the AVX2 wrappers inline and vectorize them with their own target.
-__attribute__((always_inline)) inline void elu_loop(const float* x, float* y, size_t n) {
-  for (size_t i = 0; i < n; ++i) {
-    y[i] = elu_value(x[i]);
+// sigmoid(x) and 1 - sigmoid(x) = sigmoid(-x), each without cancellation: with
+// t = exp(-|x|) in (0, 1], they are 1 / (1 + t) and t / (1 + t), in the order of x's
+// sign. t is taken as 0 past |x| = 87, where exp_nonpositive stops (the subnormal range),
+// so the sigmoid saturates at exactly 0 and 1, within 2e-38 of the true values.
+struct Sigmoid {
+  float s;
+  float one_minus_s;
+};
+
+inline Sigmoid sigmoid(float x) {
+  const float a = std::fabs(x);
+  const float t = a > -kExpMinInput ? 0.0f : exp_nonpositive(-a);
+  const float large = 1.0f / (1.0f + t);
+  const float small = t * large;
+  // NaN fails both comparisons: t, large and small are NaN, and so is what it picks.
+  const bool nonnegative = x >= 0.0f;
+  return {nonnegative ? large : small, nonnegative ? small : large};
+}
+
+// The Python functions' and the primitives' names, forward and backward.
+struct Names {
+  const char* op;
+  const char* vjp_op;
+  const char* primitive;
+  const char* vjp_primitive;
+};
+
+// The activations. value(x) is the forward; slope(c, v) the backward, c times the
+// derivative, from v = the forward's output when kSlopeFromOutput, else from x;
+// slope_derivative gives c * d slope / dv from MLX ops, for differentiating a backward
+// (a Hessian-vector product), which needs no speed.
+struct EluKind {
+  static constexpr Names kNames{"elu", "elu_vjp", "UnilabElu", "UnilabEluVjp"};
+  static constexpr bool kSlopeFromOutput = true;
+
+  static float value(float x) {
+    return std::max(x, 0.0f) + expm1_nonpositive(x);
   }
-}
 
-__attribute__((always_inline)) inline void elu_grad_loop(
-    const float* cotangent, const float* y, float* out, size_t n) {
+  static float slope(float cotangent, float y) {
+    return cotangent * (std::min(y, 0.0f) + 1.0f);
+  }
+
+  // d/dy of c * (min(y, 0) + 1) is c for y < 0, 0 above.
+  static mx::array slope_derivative(const mx::array& scaled, const mx::array& y, mx::Stream s) {
+    auto negative = mx::less(y, mx::array(0.0f), s);
+    return mx::where(negative, scaled, mx::zeros_like(y, s), s);
+  }
+};
+
+struct TanhKind {
+  static constexpr Names kNames{"tanh", "tanh_vjp", "UnilabTanh", "UnilabTanhVjp"};
+  static constexpr bool kSlopeFromOutput = true;
+
+  // tanh|x| = (1 - exp(-2|x|)) / (1 + exp(-2|x|)) = -e / (2 + e) with
+  // e = expm1(-2|x|) in [-1, 0]: no cancellation near 0, no overflow for large |x|
+  // (+-inf meet the clamp in exp_parts and give +-1).
+  static float value(float x) {
+    const float e = expm1_nonpositive(-2.0f * std::fabs(x));
+    return std::copysign(-e / (2.0f + e), x);
+  }
+
+  // (1 - y) (1 + y) rather than 1 - y * y: 1 - y is exact for y near 1, and the result
+  // does not depend on whether the compiler fuses a multiply-add.
+  static float slope(float cotangent, float y) {
+    return cotangent * ((1.0f - y) * (1.0f + y));
+  }
+
+  static mx::array slope_derivative(const mx::array& scaled, const mx::array& y, mx::Stream s) {
+    return mx::multiply(scaled, mx::multiply(y, mx::array(-2.0f), s), s);
+  }
+};
+
+struct SiluKind {
+  static constexpr Names kNames{"silu", "silu_vjp", "UnilabSilu", "UnilabSiluVjp"};
+  static constexpr bool kSlopeFromOutput = false;
+
+  // Where the sigmoid is 0 (x < -87) x is held finite, so that silu(-inf) is 0 rather
+  // than -inf * 0 = NaN.
+  static float value(float x) {
+    return std::max(x, kExpMinInput) * sigmoid(x).s;
+  }
+
+  // s (1 + x (1 - s)); x is held in [-87, 87], where past the ends the sigmoid is
+  // exactly 0 or 1 and the slope is s, so that +-inf give 0 and 1 rather than NaN.
+  static float slope(float cotangent, float x) {
+    const Sigmoid sig = sigmoid(x);
+    const float held = std::min(std::max(x, kExpMinInput), -kExpMinInput);
+    return cotangent * (sig.s * (1.0f + held * sig.one_minus_s));
+  }
+
+  // silu''(x) = s (1 - s) (2 + x (1 - 2 s)).
+  static mx::array slope_derivative(const mx::array& scaled, const mx::array& x, mx::Stream s) {
+    auto sig = mx::sigmoid(x, s);
+    auto one_minus = mx::subtract(mx::array(1.0f), sig, s);
+    auto spread = mx::subtract(one_minus, sig, s);
+    auto inner = mx::add(mx::array(2.0f), mx::multiply(x, spread, s), s);
+    return mx::multiply(scaled, mx::multiply(mx::multiply(sig, one_minus, s), inner, s), s);
+  }
+};
+
+// out[i] = fn(in[i]...) over contiguous buffers, written once and compiled per
+// instruction set below. always_inline lets the AVX2 wrapper inline and vectorize it
+// with its own target. out may be one of the inputs (a donated buffer).
+template <auto fn, typename... Inputs>
+__attribute__((always_inline)) inline void map_loop(float* out, size_t n, const Inputs*... in) {
   for (size_t i = 0; i < n; ++i) {
-    out[i] = elu_grad(cotangent[i], y[i]);
+    out[i] = fn(in[i]...);
   }
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
-__attribute__((target("avx2,fma"))) void elu_avx2(const float* x, float* y, size_t n) {
-  elu_loop(x, y, n);
-}
-
-__attribute__((target("avx2,fma"))) void elu_grad_avx2(
-    const float* cotangent, const float* y, float* out, size_t n) {
-  elu_grad_loop(cotangent, y, out, n);
+template <auto fn, typename... Inputs>
+__attribute__((target("avx2,fma"))) void map_avx2(float* out, size_t n, const Inputs*... in) {
+  map_loop<fn>(out, n, in...);
 }
 
 bool has_avx2_fma() {
@@ -122,44 +228,67 @@ std::string instruction_set() {
 }
 #endif
 
-void elu_contiguous(const float* x, float* y, size_t n) {
+template <auto fn, typename... Inputs>
+void map_contiguous(float* out, size_t n, const Inputs*... in) {
 #if defined(__x86_64__) && defined(__GNUC__)
   if (has_avx2_fma()) {
-    return elu_avx2(x, y, n);
+    return map_avx2<fn>(out, n, in...);
   }
 #endif
-  elu_loop(x, y, n);
+  map_loop<fn>(out, n, in...);
 }
 
-void elu_grad_contiguous(const float* cotangent, const float* y, float* out, size_t n) {
-#if defined(__x86_64__) && defined(__GNUC__)
-  if (has_avx2_fma()) {
-    return elu_grad_avx2(cotangent, y, out, n);
+// One row (along the last axis) of a strided input: its start and step.
+struct StridedRow {
+  const float* start;
+  int64_t step;
+
+  float operator[](size_t j) const {
+    return start[static_cast<int64_t>(j) * step];
   }
-#endif
-  elu_grad_loop(cotangent, y, out, n);
-}
+};
 
-// Walks a row-contiguous output row by row (rows of its last axis) and hands each row's
-// start in the strided inputs and their step along it: one index computation per row
-// rather than per element.
-template <typename RowFn>
-void for_each_row(const mx::array& out, std::initializer_list<mx::array> inputs, RowFn row_fn) {
+// fn over strided views (transposed, sliced, broadcast) into a row-contiguous out, row
+// by row: one index computation per row rather than per element.
+template <auto fn, typename... Arrays>
+void map_strided(mx::array& out, const Arrays&... in) {
   const size_t row = out.ndim() > 0 ? static_cast<size_t>(out.shape().back()) : 1;
   if (row == 0) {
     return;
   }
-  int64_t offsets[2];
-  int64_t steps[2];
+  float* dst = out.data<float>();
+  auto row_of = [](const mx::array& a, size_t start) {
+    return StridedRow{
+        a.data<float>() + mx::elem_to_loc(static_cast<int>(start), a.shape(), a.strides()),
+        a.ndim() > 0 ? a.strides().back() : 0};
+  };
   for (size_t start = 0; start < out.size(); start += row) {
-    size_t k = 0;
-    for (const mx::array& in : inputs) {
-      offsets[k] = mx::elem_to_loc(static_cast<int>(start), in.shape(), in.strides());
-      steps[k] = in.ndim() > 0 ? in.strides().back() : 0;
-      ++k;
-    }
-    row_fn(start, row, offsets, steps);
+    [&](auto... rows) {
+      for (size_t j = 0; j < row; ++j) {
+        dst[start + j] = fn(rows[j]...);
+      }
+    }(row_of(in, start)...);
   }
+}
+
+// Queues fn over the inputs into out (its buffer already set) on the stream: the
+// vectorized loop over the first n elements when all buffers are laid out alike and
+// densely, the strided walk otherwise.
+template <auto fn, typename... Arrays>
+void encode_map(mx::Stream stream, mx::array& out, bool contiguous, size_t n, const Arrays&... in) {
+  auto& encoder = mx::cpu::get_command_encoder(stream);
+  (encoder.set_input_array(in), ...);
+  encoder.set_output_array(out);
+  encoder.dispatch([out = mx::array::unsafe_weak_copy(out),
+                    contiguous,
+                    n,
+                    ... in = mx::array::unsafe_weak_copy(in)]() mutable {
+    if (contiguous) {
+      map_contiguous<fn>(out.data<float>(), n, in.template data<float>()...);
+    } else {
+      map_strided<fn>(out, in...);
+    }
+  });
 }
 
 void check_float32(const mx::array& a, const char* op) {
@@ -170,70 +299,24 @@ void check_float32(const mx::array& a, const char* op) {
 
 }  // namespace
 
-mx::array elu(const mx::array& x, mx::StreamOrDevice s = {});
-mx::array elu_vjp(const mx::array& cotangent, const mx::array& y, mx::StreamOrDevice s = {});
+template <typename Kind>
+mx::array activation(const mx::array& x, mx::StreamOrDevice s = {});
+template <typename Kind>
+mx::array activation_vjp(const mx::array& cotangent, const mx::array& v, mx::StreamOrDevice s = {});
 
-// y = ELU(x) with alpha 1.
-class Elu : public mx::Primitive {
+// What the forward and backward primitives share: output shaped like the first input,
+// a CPU kernel only, and no parameters (two instances of one class are equivalent).
+class ElementwisePrimitive : public mx::Primitive {
  public:
-  explicit Elu(mx::Stream stream) : mx::Primitive(stream) {}
-
-  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs)
-      override {
-    const mx::array& x = inputs[0];
-    mx::array& y = outputs[0];
-    mx::set_unary_output_data(x, y);
-    auto& encoder = mx::cpu::get_command_encoder(stream());
-    encoder.set_input_array(x);
-    encoder.set_output_array(y);
-    encoder.dispatch([x = mx::array::unsafe_weak_copy(x),
-                      y = mx::array::unsafe_weak_copy(y)]() mutable {
-      if (x.flags().contiguous) {
-        elu_contiguous(x.data<float>(), y.data<float>(), x.data_size());
-        return;
-      }
-      // A strided view (transposed, sliced, broadcast); y is row-contiguous here.
-      const float* src = x.data<float>();
-      float* dst = y.data<float>();
-      for_each_row(y, {x}, [&](size_t start, size_t n, const int64_t* offsets,
-                               const int64_t* steps) {
-        for (size_t j = 0; j < n; ++j) {
-          dst[start + j] = elu_value(src[offsets[0] + j * steps[0]]);
-        }
-      });
-    });
-  }
+  using mx::Primitive::Primitive;
 
   void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
-    throw std::runtime_error("unilab Elu has no GPU kernel (the Python side uses MLX ops)");
-  }
-
-  std::vector<mx::array> vjp(
-      const std::vector<mx::array>&,
-      const std::vector<mx::array>& cotangents,
-      const std::vector<int>&,
-      const std::vector<mx::array>& outputs) override {
-    return {elu_vjp(cotangents[0], outputs[0], stream())};
-  }
-
-  std::vector<mx::array> jvp(
-      const std::vector<mx::array>& primals,
-      const std::vector<mx::array>& tangents,
-      const std::vector<int>&) override {
-    return {elu_vjp(tangents[0], elu(primals[0], stream()), stream())};
-  }
-
-  std::pair<std::vector<mx::array>, std::vector<int>> vmap(
-      const std::vector<mx::array>& inputs, const std::vector<int>& axes) override {
-    return {{elu(inputs[0], stream())}, axes};
+    throw std::runtime_error(
+        std::string("unilab ") + name() + " has no GPU kernel (the Python side uses MLX ops)");
   }
 
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
     return {inputs[0].shape()};
-  }
-
-  const char* name() const override {
-    return "UnilabElu";
   }
 
   bool is_equivalent(const mx::Primitive&) const override {
@@ -241,51 +324,68 @@ class Elu : public mx::Primitive {
   }
 };
 
-// cotangent * ELU'(x), from y = ELU(x): the backward of Elu in one pass.
-class EluVjp : public mx::Primitive {
+// y = activation(x).
+template <typename Kind>
+class Activation : public ElementwisePrimitive {
  public:
-  explicit EluVjp(mx::Stream stream) : mx::Primitive(stream) {}
+  using ElementwisePrimitive::ElementwisePrimitive;
+
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs)
+      override {
+    const mx::array& x = inputs[0];
+    mx::set_unary_output_data(x, outputs[0]);
+    // A contiguous x (in any axis order) gives y its layout; otherwise y is row-contiguous.
+    encode_map<&Kind::value>(stream(), outputs[0], x.flags().contiguous, x.data_size(), x);
+  }
+
+  std::vector<mx::array> vjp(
+      const std::vector<mx::array>& primals,
+      const std::vector<mx::array>& cotangents,
+      const std::vector<int>&,
+      const std::vector<mx::array>& outputs) override {
+    const mx::array& v = Kind::kSlopeFromOutput ? outputs[0] : primals[0];
+    return {activation_vjp<Kind>(cotangents[0], v, stream())};
+  }
+
+  std::vector<mx::array> jvp(
+      const std::vector<mx::array>& primals,
+      const std::vector<mx::array>& tangents,
+      const std::vector<int>&) override {
+    const mx::array v =
+        Kind::kSlopeFromOutput ? activation<Kind>(primals[0], stream()) : primals[0];
+    return {activation_vjp<Kind>(tangents[0], v, stream())};
+  }
+
+  std::pair<std::vector<mx::array>, std::vector<int>> vmap(
+      const std::vector<mx::array>& inputs, const std::vector<int>& axes) override {
+    return {{activation<Kind>(inputs[0], stream())}, axes};
+  }
+
+  const char* name() const override {
+    return Kind::kNames.primitive;
+  }
+};
+
+// cotangent * activation'(x), from v (the output or x, see kSlopeFromOutput): the
+// backward of Activation<Kind> in one pass.
+template <typename Kind>
+class ActivationVjp : public ElementwisePrimitive {
+ public:
+  using ElementwisePrimitive::ElementwisePrimitive;
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs)
       override {
     const mx::array& cotangent = inputs[0];
-    const mx::array& y = inputs[1];
+    const mx::array& v = inputs[1];
     mx::array& out = outputs[0];
-    const bool contiguous = cotangent.flags().row_contiguous && y.flags().row_contiguous;
+    // E.g. the broadcast cotangent of a sum is not contiguous; out is then row-contiguous.
+    const bool contiguous = cotangent.flags().row_contiguous && v.flags().row_contiguous;
     if (contiguous && mx::is_donatable(cotangent, out)) {
       out.copy_shared_buffer(cotangent);
     } else {
       out.set_data(mx::allocator::malloc(out.nbytes()));
     }
-    auto& encoder = mx::cpu::get_command_encoder(stream());
-    encoder.set_input_array(cotangent);
-    encoder.set_input_array(y);
-    encoder.set_output_array(out);
-    encoder.dispatch([cotangent = mx::array::unsafe_weak_copy(cotangent),
-                      y = mx::array::unsafe_weak_copy(y),
-                      out = mx::array::unsafe_weak_copy(out),
-                      contiguous]() mutable {
-      if (contiguous) {
-        elu_grad_contiguous(
-            cotangent.data<float>(), y.data<float>(), out.data<float>(), out.size());
-        return;
-      }
-      // E.g. the broadcast cotangent of a sum; out is row-contiguous here.
-      const float* c = cotangent.data<float>();
-      const float* v = y.data<float>();
-      float* dst = out.data<float>();
-      for_each_row(out, {cotangent, y}, [&](size_t start, size_t n, const int64_t* offsets,
-                                            const int64_t* steps) {
-        for (size_t j = 0; j < n; ++j) {
-          dst[start + j] =
-              elu_grad(c[offsets[0] + j * steps[0]], v[offsets[1] + j * steps[1]]);
-        }
-      });
-    });
-  }
-
-  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
-    throw std::runtime_error("unilab EluVjp has no GPU kernel (the Python side uses MLX ops)");
+    encode_map<&Kind::slope>(stream(), out, contiguous, out.size(), cotangent, v);
   }
 
   // Differentiating the backward (a Hessian-vector product) goes through MLX ops.
@@ -294,16 +394,14 @@ class EluVjp : public mx::Primitive {
       const std::vector<mx::array>& cotangents,
       const std::vector<int>& argnums,
       const std::vector<mx::array>&) override {
-    const mx::array& y = primals[1];
+    const mx::array& v = primals[1];
     std::vector<mx::array> grads;
     for (int arg : argnums) {
       if (arg == 0) {
-        grads.push_back(elu_vjp(cotangents[0], y, stream()));
+        grads.push_back(activation_vjp<Kind>(cotangents[0], v, stream()));
       } else {
-        // d/dy of c * (min(y, 0) + 1) is c for y < 0, 0 above.
-        auto negative = mx::less(y, mx::array(0.0f), stream());
         auto scaled = mx::multiply(cotangents[0], primals[0], stream());
-        grads.push_back(mx::where(negative, scaled, mx::zeros_like(y, stream()), stream()));
+        grads.push_back(Kind::slope_derivative(scaled, v, stream()));
       }
     }
     return grads;
@@ -312,37 +410,49 @@ class EluVjp : public mx::Primitive {
   std::pair<std::vector<mx::array>, std::vector<int>> vmap(
       const std::vector<mx::array>& inputs, const std::vector<int>& axes) override {
     if (axes[0] != axes[1]) {
-      throw std::invalid_argument("unilab EluVjp: vmap needs both inputs on one axis");
+      throw std::invalid_argument(
+          std::string("unilab ") + name() + ": vmap needs both inputs on one axis");
     }
-    return {{elu_vjp(inputs[0], inputs[1], stream())}, {axes[0]}};
-  }
-
-  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
-    return {inputs[0].shape()};
+    return {{activation_vjp<Kind>(inputs[0], inputs[1], stream())}, {axes[0]}};
   }
 
   const char* name() const override {
-    return "UnilabEluVjp";
-  }
-
-  bool is_equivalent(const mx::Primitive&) const override {
-    return true;
+    return Kind::kNames.vjp_primitive;
   }
 };
 
-mx::array elu(const mx::array& x, mx::StreamOrDevice s) {
-  check_float32(x, "elu");
-  return mx::array(x.shape(), x.dtype(), std::make_shared<Elu>(mx::to_stream(s)), {x});
+template <typename Kind>
+mx::array activation(const mx::array& x, mx::StreamOrDevice s) {
+  check_float32(x, Kind::kNames.op);
+  return mx::array(
+      x.shape(), x.dtype(), std::make_shared<Activation<Kind>>(mx::to_stream(s)), {x});
 }
 
-mx::array elu_vjp(const mx::array& cotangent, const mx::array& y, mx::StreamOrDevice s) {
-  check_float32(cotangent, "elu_vjp");
-  check_float32(y, "elu_vjp");
-  if (cotangent.shape() != y.shape()) {
-    throw std::invalid_argument("elu_vjp: cotangent and output shapes differ");
+template <typename Kind>
+mx::array activation_vjp(const mx::array& cotangent, const mx::array& v, mx::StreamOrDevice s) {
+  check_float32(cotangent, Kind::kNames.vjp_op);
+  check_float32(v, Kind::kNames.vjp_op);
+  if (cotangent.shape() != v.shape()) {
+    throw std::invalid_argument(std::string(Kind::kNames.vjp_op) + ": input shapes differ");
   }
   return mx::array(
-      y.shape(), y.dtype(), std::make_shared<EluVjp>(mx::to_stream(s)), {cotangent, y});
+      v.shape(),
+      v.dtype(),
+      std::make_shared<ActivationVjp<Kind>>(mx::to_stream(s)),
+      {cotangent, v});
+}
+
+template <typename Kind>
+void def_activation(nb::module_& m, const char* doc, const char* vjp_doc) {
+  m.def(Kind::kNames.op, &activation<Kind>, "x"_a, nb::kw_only(), "stream"_a = nb::none(), doc);
+  m.def(
+      Kind::kNames.vjp_op,
+      &activation_vjp<Kind>,
+      "cotangent"_a,
+      nb::arg(Kind::kSlopeFromOutput ? "y" : "x"),
+      nb::kw_only(),
+      "stream"_a = nb::none(),
+      vjp_doc);
 }
 
 }  // namespace unilab
@@ -354,19 +464,16 @@ NB_MODULE(_unilab_native, m) {
   m.attr("mlx_version") = std::to_string(MLX_VERSION_MAJOR) + "." +
       std::to_string(MLX_VERSION_MINOR) + "." + std::to_string(MLX_VERSION_PATCH);
   m.attr("instruction_set") = unilab::instruction_set();
-  m.def(
-      "elu",
-      &unilab::elu,
-      "x"_a,
-      nb::kw_only(),
-      "stream"_a = nb::none(),
-      "ELU (alpha 1) of a float32 array; differentiable, one pass each way.");
-  m.def(
-      "elu_vjp",
-      &unilab::elu_vjp,
-      "cotangent"_a,
-      "y"_a,
-      nb::kw_only(),
-      "stream"_a = nb::none(),
+  unilab::def_activation<unilab::EluKind>(
+      m,
+      "ELU (alpha 1) of a float32 array; differentiable, one pass each way.",
       "cotangent * ELU'(x) given y = ELU(x).");
+  unilab::def_activation<unilab::TanhKind>(
+      m,
+      "tanh of a float32 array; differentiable, one pass each way.",
+      "cotangent * tanh'(x) given y = tanh(x).");
+  unilab::def_activation<unilab::SiluKind>(
+      m,
+      "SiLU (x * sigmoid(x)) of a float32 array; differentiable, one pass each way.",
+      "cotangent * SiLU'(x) given x.");
 }
