@@ -49,6 +49,8 @@ MAX_GRAD_NORM = 1.0
 DESIRED_KL = 0.01
 INIT_STD = 1.0
 TERMINATION_RATE = 0.02
+# Hidden activations both trainers offer: ours by name, and rsl_rl's name for it.
+ACTIVATIONS = {"elu": "elu", "tanh": "tanh", "silu": "swish"}
 # Before each timed phase: the other trainer's idle BLAS / OpenMP threads spin for up to
 # ~0.1 s after it finishes, which would bill its wait to whichever phase runs next. In
 # training a rollout separates updates, so both start with their threads asleep.
@@ -112,7 +114,7 @@ class Ours:
     phase: Callable[[], Any]
 
 
-def build_ours(size: Size, data_path: Path) -> Ours:
+def build_ours(size: Size, data_path: Path, activation: str) -> Ours:
     """Our trainer on a synthetic rollout; writes the rollout and weights to ``data_path``."""
     # unilab_ros.rl loads the optimized BLAS, so it must come before mlx.
     import unilab_ros.rl  # noqa: F401, I001
@@ -127,7 +129,7 @@ def build_ours(size: Size, data_path: Path) -> Ours:
     model_cfg = ModelConfig(
         actor_hidden_dims=list(size.hidden),
         critic_hidden_dims=list(size.hidden),
-        activation="elu",
+        activation=activation,
         init_noise_std=INIT_STD,
         normalize_observations=False,
     )
@@ -168,6 +170,7 @@ def build_ours(size: Size, data_path: Path) -> Ours:
         "std": np.array(std).reshape(*shape, size.action_dim),
         "last_obs": rng.standard_normal((size.num_envs, size.obs_dim), dtype=np.float32),
         "std_param": np.array(model.std),
+        "activation": np.array(ACTIVATIONS[activation]),
     }
     for net_name, net in (("actor", model.actor), ("critic", model.critic)):
         for index, layer in enumerate(net.layers):
@@ -195,7 +198,7 @@ def build_ours(size: Size, data_path: Path) -> Ours:
 def breakdown(size: Size, ours: Ours, repeats: int) -> dict[str, float]:
     """Seconds per update phase: the whole ``phase`` and where it goes, from compiled parts
     timed on one mini-batch and scaled to the phase's 20 steps: the linear layers of both
-    networks forward and backward; the activations (the PPO loss's gradient with ELU
+    networks forward and backward; the activations (the PPO loss's gradient with them
     minus the same with identity); the rest of the loss's forward and backward; and the
     rest of the phase (gradient clipping, Adam, the KL schedule, finite checks,
     mini-batch gathering, GAE). All are timed in turn in one loop, so load from other
@@ -268,7 +271,9 @@ def rsl_rl_worker(data_path: str) -> None:
     from tensordict import TensorDict
 
     torch.set_num_threads(os.cpu_count() or 1)
-    data = {key: torch.from_numpy(value) for key, value in np.load(data_path).items()}
+    arrays = dict(np.load(data_path))
+    activation = str(arrays.pop("activation"))
+    data = {key: torch.from_numpy(value) for key, value in arrays.items()}
     num_steps, num_envs, action_dim = data["actions"].shape
     num_layers = sum(1 for key in data if key.startswith("actor.") and key.endswith(".bias"))
     hidden = [len(data[f"actor.{index}.bias"]) for index in range(num_layers - 1)]
@@ -276,9 +281,9 @@ def rsl_rl_worker(data_path: str) -> None:
     obs = TensorDict({"policy": data["last_obs"]}, batch_size=[num_envs])
     groups = {"actor": ["policy"], "critic": ["policy"]}
     distribution = {"class_name": "GaussianDistribution", "init_std": INIT_STD}
-    actor = MLPModel(obs, groups, "actor", action_dim, hidden, "elu",
+    actor = MLPModel(obs, groups, "actor", action_dim, hidden, activation,
                      obs_normalization=False, distribution_cfg=distribution)
-    critic = MLPModel(obs, groups, "critic", 1, hidden, "elu", obs_normalization=False)
+    critic = MLPModel(obs, groups, "critic", 1, hidden, activation, obs_normalization=False)
     with torch.no_grad():
         for name, net in (("actor", actor), ("critic", critic)):
             linears = [m for m in net.mlp if isinstance(m, torch.nn.Linear)]
@@ -374,15 +379,18 @@ def rsl_rl_missing() -> str | None:
 # ---- the comparison -------------------------------------------------------------------
 
 
-def bench_size(size: Size, repeats: int, skip_reason: str | None, workdir: Path) -> float:
+def bench_size(
+    size: Size, activation: str, repeats: int, skip_reason: str | None, workdir: Path
+) -> float:
     """Print one size's figures; return rsl_rl seconds / ours (nan when rsl_rl is skipped)."""
     print(
         f"{size.name}: {size.num_envs} envs x {size.num_steps} steps, obs {size.obs_dim}, "
-        f"act {size.action_dim}, hidden {list(size.hidden)} ELU, {size.samples} samples, "
+        f"act {size.action_dim}, hidden {list(size.hidden)} {activation}, "
+        f"{size.samples} samples, "
         f"{EPOCHS} epochs x {MINI_BATCHES} mini-batches"
     )
     data_path = workdir / f"{size.name}.npz"
-    trainer = build_ours(size, data_path)
+    trainer = build_ours(size, data_path, activation)
     ours_phase = trainer.phase
     from unilab_ros.rl.ppo_runtime import PPORuntimeConfig
 
@@ -425,6 +433,8 @@ def bench_size(size: Size, repeats: int, skip_reason: str | None, workdir: Path)
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=7, help="timed phases per trainer")
+    parser.add_argument("--activation", choices=sorted(ACTIVATIONS), default="elu",
+                        help="hidden activation of both trainers (rsl_rl's default: elu)")
     parser.add_argument("--rsl-rl-worker", metavar="NPZ", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.rsl_rl_worker:
@@ -442,10 +452,12 @@ def main() -> None:
         print(f"rsl_rl not available ({skip_reason}): it is skipped; `make bench` installs it")
     with tempfile.TemporaryDirectory() as workdir:
         ratios = {
-            name: bench_size(size, args.repeats, skip_reason, Path(workdir))
+            name: bench_size(size, args.activation, args.repeats, skip_reason, Path(workdir))
             for name, size in SIZES.items()
         }
-    print(f"ppo_update ratio_robot={ratios['robot']:.2f} ratio_small={ratios['small']:.2f}")
+    other = "" if args.activation == "elu" else f" activation={args.activation}"
+    print(f"ppo_update ratio_robot={ratios['robot']:.2f} ratio_small={ratios['small']:.2f}"
+          + other)
 
 
 if __name__ == "__main__":

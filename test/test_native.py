@@ -3,6 +3,7 @@ MLX ops."""
 
 from __future__ import annotations
 
+import logging
 import math
 import sys
 
@@ -223,7 +224,7 @@ def test_native_tanh_and_silu_second_derivative(name: str) -> None:
 
 @pytest.mark.parametrize("name", SMOOTH)
 def test_a_model_runs_tanh_and_silu_natively_unless_disabled(
-    monkeypatch: pytest.MonkeyPatch, name: str
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, name: str
 ) -> None:
     if activations._native is None:
         pytest.skip(f"native kernels: {activations.NATIVE_STATUS}")
@@ -237,7 +238,9 @@ def test_a_model_runs_tanh_and_silu_natively_unless_disabled(
     real = activations._native
     monkeypatch.setattr(activations, "_native", Recorder())
     cfg = ModelConfig(actor_hidden_dims=[32, 32], critic_hidden_dims=[32], activation=name)
-    model = MLPActorCritic(5, 2, cfg)
+    with caplog.at_level(logging.INFO, logger=activations.__name__):
+        model = MLPActorCritic(5, 2, cfg)
+    assert f"{name}: {activations.NATIVE_STATUS}" in caplog.messages
     obs = mx.array(np.random.default_rng(0).standard_normal((64, 5)).astype(np.float32) * 3)
 
     def loss(m: MLPActorCritic) -> mx.array:
@@ -249,6 +252,10 @@ def test_a_model_runs_tanh_and_silu_natively_unless_disabled(
     monkeypatch.setenv(native.DISABLE_ENV, "0")
     monkeypatch.setattr(activations, "_native", native.load()[0])
     assert activations._native is None
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger=activations.__name__):
+        MLPActorCritic(5, 2, cfg)
+    assert caplog.messages == [f"{name}: MLX ops (native kernels: {activations.NATIVE_STATUS})"]
     plain_loss, plain_grads = nn.value_and_grad(model, loss)(model)
     assert abs(native_loss.item() - plain_loss.item()) <= 1e-5 * abs(plain_loss.item())
     pairs = zip(tree_flatten(native_grads), tree_flatten(plain_grads), strict=True)

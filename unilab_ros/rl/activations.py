@@ -112,6 +112,21 @@ def prepare_elu() -> str | None:
     return None
 
 
+def prepare(name: str) -> str | None:
+    """Log which kernels the activation ``name`` runs on; for ELU, also ``prepare_elu``.
+
+    Returns the error that made the ELU fall back to plain ops, or None.
+    """
+    if name == "elu":
+        return prepare_elu()
+    if name in _NATIVE_NAMES:
+        if _native is not None and _on_cpu():
+            _LOG.info("%s: %s", name, NATIVE_STATUS)
+        else:
+            _LOG.info("%s: MLX ops (native kernels: %s)", name, NATIVE_STATUS)
+    return None
+
+
 @mx.custom_function
 def _elu_and_slope(x: mx.array) -> tuple[mx.array, mx.array]:
     return _elu_forward(x)
@@ -157,6 +172,9 @@ def _runs_native(x: mx.array) -> bool:
 def _on_cpu() -> bool:
     return mx.default_device() == mx.cpu
 
+
+_NATIVE_NAMES = ("tanh", "silu")
+"""The activations besides ELU with native kernels."""
 
 ACTIVATIONS: dict[str, Callable[[mx.array], mx.array]] = {
     "elu": elu,

@@ -73,6 +73,7 @@ def blas_description() -> str:
     if sys.platform == "darwin":
         return "Accelerate (macOS)"
     if loaded_blas:
-        kernels = f", {core_name} kernels" if core_name else ""
-        return f"OpenBLAS ({loaded_blas}{kernels})"
+        if core_name is None:  # not OpenBLAS: e.g. MKL's libmkl_rt named by UNILAB_BLAS
+            return loaded_blas
+        return f"OpenBLAS ({loaded_blas}, {core_name} kernels)"
     return "MLX's bundled reference BLAS (slow: install libopenblas0-pthread)"

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 import mlx.nn as nn
 
-from unilab_ros.rl.activations import ACTIVATIONS, prepare_elu
+from unilab_ros.rl import activations
 from unilab_ros.rl.normalizer import RunningNormalizer
 
 NOISE_STD_TYPES = ("scalar", "log")
@@ -40,9 +40,10 @@ class ModelConfig:
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad field."""
-        if self.activation not in ACTIVATIONS:
+        if self.activation not in activations.ACTIVATIONS:
             raise ValueError(
-                f"activation '{self.activation}' unknown; choose one of {sorted(ACTIVATIONS)}"
+                f"activation '{self.activation}' unknown; "
+                f"choose one of {sorted(activations.ACTIVATIONS)}"
             )
         if self.noise_std_type not in NOISE_STD_TYPES:
             raise ValueError(f"noise_std_type must be one of {NOISE_STD_TYPES}")
@@ -94,10 +95,9 @@ class MLPActorCritic(nn.Module):
         self.cfg = cfg
         self.obs_dim = obs_dim
         self.action_dim = action_dim
-        activation = ACTIVATIONS[cfg.activation]
-        if cfg.activation == "elu":
-            # Outside any transform, so a failing JIT shows here and falls back.
-            prepare_elu()
+        activation = activations.ACTIVATIONS[cfg.activation]
+        # Outside any transform, so a failing JIT shows here and falls back.
+        activations.prepare(cfg.activation)
         self.actor = MLP(obs_dim, cfg.actor_hidden_dims, action_dim, activation, 0.01)
         self.critic = MLP(obs_dim, cfg.critic_hidden_dims, 1, activation, 1.0)
         if cfg.noise_std_type == "scalar":
