@@ -35,6 +35,7 @@ from std_srvs.srv import Empty, SetBool, Trigger
 
 from unilab_ros.messages import read_matrix, to_float32_msg, to_uint8_msg
 from unilab_ros.params import unknown_parameters
+from unilab_ros.rl import heap
 from unilab_ros.rl.bundle import read_policy
 from unilab_ros.rl.checkpoint import Checkpoint
 from unilab_ros.rl.policy import PolicySampler
@@ -922,6 +923,8 @@ def test_main_says_what_it_waits_for_and_writes_to_a_run_folder_of_its_own(
     assert len(folders) == 1 and folders[0].name.endswith(f"-{process.pid}")
     assert (runs / "latest").resolve() == folders[0].resolve()
     assert f"output: {folders[0]}" in "".join(lines)
+    # The start-up line says what decides the update's speed.
+    assert f"heap: {heap.status}; output:" in "".join(lines)
 
 
 def _rss_mb(pid: int) -> float:

@@ -43,7 +43,7 @@ from unilab_ros.params import (
     read_config,
     warn_unknown_parameters,
 )
-from unilab_ros.rl import PPOAgent
+from unilab_ros.rl import PPOAgent, heap
 from unilab_ros.rl.actions import ActionConfig, ActionMapper
 from unilab_ros.rl.agent import AgentConfig, warm_up_update
 from unilab_ros.rl.best import BestPolicy
@@ -221,7 +221,8 @@ class TrainerNode(Node):
         self.get_logger().info(
             f"ready: {self._fleet_size()}{self.num_envs} envs x obs {self.obs_dim} -> action "
             f"{agent_cfg.action_dim}, rollout {agent_cfg.num_steps} steps, iteration "
-            f"{agent.iteration}, BLAS: {blas_description()}; output: {self._checkpoint_dir}"
+            f"{agent.iteration}, BLAS: {blas_description()}, heap: {heap.status}; "
+            f"output: {self._checkpoint_dir}"
         )
         self._closed = False
 
