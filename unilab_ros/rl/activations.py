@@ -12,7 +12,7 @@ batch here and dominates a PPO update at robot sizes; ``mx.tanh`` and ``nn.silu`
   its slope (exp(min(x, 0))) from the forward pass, so the backward pass is one
   multiply: on Metal, and wherever the extension is not built or does not load.
 
-``tanh`` and ``silu`` run the native kernels in the same place (~0.45 and ~0.75 ms
+``tanh`` and ``silu`` run the native kernels in the same place (~0.45 and ~0.55 ms
 forward and backward), and ``mx.tanh`` / ``nn.silu`` elsewhere: Metal has fast ones.
 The native kernels take float32 only; other dtypes run the MLX ops everywhere."""
 

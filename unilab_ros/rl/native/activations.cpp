@@ -10,12 +10,15 @@
 //
 // Each activation is a "kind": its element-wise value and slope. The primitives, the
 // loops and their per-instruction-set dispatch are templates over it, so a kind adds only
-// its math. The backward of ELU and tanh reads the forward's output, not its input: for
-// ELU the slope is min(y, 0) + 1 (exp(x) below 0, 1 above), for tanh 1 - y**2, neither
-// needs an exp. SiLU's slope is not a function of its output (it is not monotonic), so
-// its backward reads x and recomputes the sigmoid, which costs less than storing it.
+// its math. No backward computes an exp. That of ELU and tanh reads the forward's output:
+// for ELU the slope is min(y, 0) + 1 (exp(x) below 0, 1 above), for tanh 1 - y**2. SiLU's
+// slope is not a function of its output (SiLU is not monotonic), and recomputing the
+// sigmoid from x made its backward cost as much as its forward; so its forward, which
+// has the sigmoid at hand, also writes the slope as a second output (a hidden one: the
+// Python function returns y), and the backward is one multiply.
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -118,12 +121,14 @@ struct Names {
 };
 
 // The activations. value(x) is the forward; slope(c, v) the backward, c times the
-// derivative, from v = the forward's output when kSlopeFromOutput, else from x;
-// slope_derivative gives c * d slope / dv from MLX ops, for differentiating a backward
-// (a Hessian-vector product), which needs no speed.
+// derivative, from v = the forward's output y, or with kStoresSlope from v = the
+// derivative itself, which value then returns after y. The backward primitive's inputs
+// are (c, y), or (c, x, derivative); slope_derivative gives c * d slope / d(its second
+// input) from MLX ops, for differentiating a backward (a Hessian-vector product), which
+// needs no speed.
 struct EluKind {
   static constexpr Names kNames{"elu", "elu_vjp", "UnilabElu", "UnilabEluVjp"};
-  static constexpr bool kSlopeFromOutput = true;
+  static constexpr bool kStoresSlope = false;
 
   static float value(float x) {
     return std::max(x, 0.0f) + expm1_nonpositive(x);
@@ -142,7 +147,7 @@ struct EluKind {
 
 struct TanhKind {
   static constexpr Names kNames{"tanh", "tanh_vjp", "UnilabTanh", "UnilabTanhVjp"};
-  static constexpr bool kSlopeFromOutput = true;
+  static constexpr bool kStoresSlope = false;
 
   // tanh|x| = (1 - exp(-2|x|)) / (1 + exp(-2|x|)) = -e / (2 + e) with
   // e = expm1(-2|x|) in [-1, 0]: no cancellation near 0, no overflow for large |x|
@@ -165,20 +170,22 @@ struct TanhKind {
 
 struct SiluKind {
   static constexpr Names kNames{"silu", "silu_vjp", "UnilabSilu", "UnilabSiluVjp"};
-  static constexpr bool kSlopeFromOutput = false;
+  static constexpr bool kStoresSlope = true;
 
-  // Where the sigmoid is 0 (x < -87) x is held finite, so that silu(-inf) is 0 rather
-  // than -inf * 0 = NaN.
-  static float value(float x) {
-    return std::max(x, kExpMinInput) * sigmoid(x).s;
-  }
-
-  // s (1 + x (1 - s)); x is held in [-87, 87], where past the ends the sigmoid is
-  // exactly 0 or 1 and the slope is s, so that +-inf give 0 and 1 rather than NaN.
-  static float slope(float cotangent, float x) {
+  // y = x s and the slope s (1 + x (1 - s)), with s = sigmoid(x). Where the sigmoid is
+  // 0 (x < -87) y's x is held finite, so that silu(-inf) is 0 rather than -inf * 0 =
+  // NaN; the slope's x is held in [-87, 87], where past the ends the sigmoid is exactly
+  // 0 or 1 and the slope is s, so that +-inf give 0 and 1 rather than NaN. The slope is
+  // stored rather than s: from a float32 s near 1, x (1 - s) would be off by up to
+  // 3e-8 |x| (3e-7 at x = 10, beyond the 2.2e-7 the slope is held to).
+  static std::array<float, 2> value(float x) {
     const Sigmoid sig = sigmoid(x);
     const float held = std::min(std::max(x, kExpMinInput), -kExpMinInput);
-    return cotangent * (sig.s * (1.0f + held * sig.one_minus_s));
+    return {std::max(x, kExpMinInput) * sig.s, sig.s * (1.0f + held * sig.one_minus_s)};
+  }
+
+  static float slope(float cotangent, float derivative) {
+    return cotangent * derivative;
   }
 
   // silu''(x) = s (1 - s) (2 + x (1 - 2 s)).
@@ -191,19 +198,45 @@ struct SiluKind {
   }
 };
 
-// out[i] = fn(in[i]...) over contiguous buffers, written once and compiled per
-// instruction set below. always_inline lets the AVX2 wrapper inline and vectorize it
-// with its own target. out may be one of the inputs (a donated buffer).
+// How many floats fn returns per element (one, or an array of them), and where they go:
+// one output buffer each.
+template <typename Result>
+constexpr size_t kResults = 1;
+template <size_t N>
+constexpr size_t kResults<std::array<float, N>> = N;
+template <typename>
+using AsFloat = float;
 template <auto fn, typename... Inputs>
-__attribute__((always_inline)) inline void map_loop(float* out, size_t n, const Inputs*... in) {
+using Outputs = std::array<float*, kResults<decltype(fn(Inputs{}...))>>;
+
+__attribute__((always_inline)) inline void store(
+    const std::array<float*, 1>& out, size_t i, float v) {
+  out[0][i] = v;
+}
+
+template <size_t N>
+__attribute__((always_inline)) inline void store(
+    const std::array<float*, N>& out, size_t i, const std::array<float, N>& v) {
+  for (size_t k = 0; k < N; ++k) {
+    out[k][i] = v[k];
+  }
+}
+
+// out[k][i] = fn(in[i]...)[k] over contiguous buffers, written once and compiled per
+// instruction set below. always_inline lets the AVX2 wrapper inline and vectorize it
+// with its own target. out[0] may be one of the inputs (a donated buffer).
+template <auto fn, typename... Inputs>
+__attribute__((always_inline)) inline void map_loop(
+    Outputs<fn, Inputs...> out, size_t n, const Inputs*... in) {
   for (size_t i = 0; i < n; ++i) {
-    out[i] = fn(in[i]...);
+    store(out, i, fn(in[i]...));
   }
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
 template <auto fn, typename... Inputs>
-__attribute__((target("avx2,fma"))) void map_avx2(float* out, size_t n, const Inputs*... in) {
+__attribute__((target("avx2,fma"))) void map_avx2(
+    Outputs<fn, Inputs...> out, size_t n, const Inputs*... in) {
   map_loop<fn>(out, n, in...);
 }
 
@@ -229,7 +262,7 @@ std::string instruction_set() {
 #endif
 
 template <auto fn, typename... Inputs>
-void map_contiguous(float* out, size_t n, const Inputs*... in) {
+void map_contiguous(Outputs<fn, Inputs...> out, size_t n, const Inputs*... in) {
 #if defined(__x86_64__) && defined(__GNUC__)
   if (has_avx2_fma()) {
     return map_avx2<fn>(out, n, in...);
@@ -248,45 +281,57 @@ struct StridedRow {
   }
 };
 
-// fn over strided views (transposed, sliced, broadcast) into a row-contiguous out, row
-// by row: one index computation per row rather than per element.
-template <auto fn, typename... Arrays>
-void map_strided(mx::array& out, const Arrays&... in) {
-  const size_t row = out.ndim() > 0 ? static_cast<size_t>(out.shape().back()) : 1;
+// fn over strided views (transposed, sliced, broadcast) into row-contiguous outputs of
+// like's shape, row by row: one index computation per row rather than per element.
+template <auto fn, size_t N, typename... Arrays>
+void map_strided(const std::array<float*, N>& dst, const mx::array& like, const Arrays&... in) {
+  const size_t row = like.ndim() > 0 ? static_cast<size_t>(like.shape().back()) : 1;
   if (row == 0) {
     return;
   }
-  float* dst = out.data<float>();
   auto row_of = [](const mx::array& a, size_t start) {
     return StridedRow{
         a.data<float>() + mx::elem_to_loc(static_cast<int>(start), a.shape(), a.strides()),
         a.ndim() > 0 ? a.strides().back() : 0};
   };
-  for (size_t start = 0; start < out.size(); start += row) {
+  for (size_t start = 0; start < like.size(); start += row) {
     [&](auto... rows) {
       for (size_t j = 0; j < row; ++j) {
-        dst[start + j] = fn(rows[j]...);
+        store(dst, start + j, fn(rows[j]...));
       }
     }(row_of(in, start)...);
   }
 }
 
-// Queues fn over the inputs into out (its buffer already set) on the stream: the
-// vectorized loop over the first n elements when all buffers are laid out alike and
-// densely, the strided walk otherwise.
+// Queues fn over the inputs into outs (one per result of fn, their buffers already set,
+// laid out alike) on the stream: the vectorized loop over the first n elements when all
+// buffers are laid out alike and densely, the strided walk otherwise.
 template <auto fn, typename... Arrays>
-void encode_map(mx::Stream stream, mx::array& out, bool contiguous, size_t n, const Arrays&... in) {
+void encode_map(
+    mx::Stream stream,
+    std::vector<mx::array>& outs,
+    bool contiguous,
+    size_t n,
+    const Arrays&... in) {
   auto& encoder = mx::cpu::get_command_encoder(stream);
   (encoder.set_input_array(in), ...);
-  encoder.set_output_array(out);
-  encoder.dispatch([out = mx::array::unsafe_weak_copy(out),
+  std::vector<mx::array> weak_outs;
+  for (mx::array& out : outs) {
+    encoder.set_output_array(out);
+    weak_outs.push_back(mx::array::unsafe_weak_copy(out));
+  }
+  encoder.dispatch([outs = std::move(weak_outs),
                     contiguous,
                     n,
                     ... in = mx::array::unsafe_weak_copy(in)]() mutable {
+    Outputs<fn, AsFloat<Arrays>...> dst;
+    for (size_t k = 0; k < dst.size(); ++k) {
+      dst[k] = outs.at(k).data<float>();
+    }
     if (contiguous) {
-      map_contiguous<fn>(out.data<float>(), n, in.template data<float>()...);
+      map_contiguous<fn>(dst, n, in.template data<float>()...);
     } else {
-      map_strided<fn>(out, in...);
+      map_strided<fn>(dst, outs[0], in...);
     }
   });
 }
@@ -299,12 +344,27 @@ void check_float32(const mx::array& a, const char* op) {
 
 }  // namespace
 
+// The forward's outputs: y, then with Kind::kStoresSlope the derivative.
 template <typename Kind>
-mx::array activation(const mx::array& x, mx::StreamOrDevice s = {});
+constexpr size_t kForwardOutputs = Kind::kStoresSlope ? 2 : 1;
 template <typename Kind>
-mx::array activation_vjp(const mx::array& cotangent, const mx::array& v, mx::StreamOrDevice s = {});
+std::vector<mx::array> activation_outputs(const mx::array& x, mx::StreamOrDevice s = {});
+// The backward primitive on its inputs: (cotangent, y), or (cotangent, x, derivative).
+template <typename Kind>
+mx::array backward(std::vector<mx::array> inputs, mx::Stream s);
 
-// What the forward and backward primitives share: output shaped like the first input,
+// The backward's inputs after the cotangent, from the forward's input and outputs.
+template <typename Kind>
+std::vector<mx::array> backward_inputs(
+    const mx::array& cotangent, const mx::array& x, const std::vector<mx::array>& outputs) {
+  if constexpr (Kind::kStoresSlope) {
+    return {cotangent, x, outputs[1]};
+  } else {
+    return {cotangent, outputs[0]};
+  }
+}
+
+// What the forward and backward primitives share: outputs shaped like the first input,
 // a CPU kernel only, and no parameters (two instances of one class are equivalent).
 class ElementwisePrimitive : public mx::Primitive {
  public:
@@ -315,50 +375,61 @@ class ElementwisePrimitive : public mx::Primitive {
         std::string("unilab ") + name() + " has no GPU kernel (the Python side uses MLX ops)");
   }
 
-  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
-    return {inputs[0].shape()};
-  }
-
   bool is_equivalent(const mx::Primitive&) const override {
     return true;
   }
 };
 
-// y = activation(x).
+// y = activation(x), and with Kind::kStoresSlope activation'(x).
 template <typename Kind>
 class Activation : public ElementwisePrimitive {
  public:
   using ElementwisePrimitive::ElementwisePrimitive;
 
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    return std::vector<mx::Shape>(kForwardOutputs<Kind>, inputs[0].shape());
+  }
+
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs)
       override {
     const mx::array& x = inputs[0];
-    mx::set_unary_output_data(x, outputs[0]);
-    // A contiguous x (in any axis order) gives y its layout; otherwise y is row-contiguous.
-    encode_map<&Kind::value>(stream(), outputs[0], x.flags().contiguous, x.data_size(), x);
+    // A contiguous x (in any axis order) gives the outputs its layout; otherwise they are
+    // row-contiguous. Only the first can take x's buffer: that shares it, so x is then
+    // no longer donatable.
+    for (mx::array& out : outputs) {
+      mx::set_unary_output_data(x, out);
+    }
+    encode_map<&Kind::value>(stream(), outputs, x.flags().contiguous, x.data_size(), x);
   }
 
+  // A stored derivative has no cotangent of its own: its only reader, the backward,
+  // passes the derivative of what it reads on through x (see ActivationVjp::vjp).
   std::vector<mx::array> vjp(
       const std::vector<mx::array>& primals,
       const std::vector<mx::array>& cotangents,
       const std::vector<int>&,
       const std::vector<mx::array>& outputs) override {
-    const mx::array& v = Kind::kSlopeFromOutput ? outputs[0] : primals[0];
-    return {activation_vjp<Kind>(cotangents[0], v, stream())};
+    return {backward<Kind>(backward_inputs<Kind>(cotangents[0], primals[0], outputs), stream())};
   }
 
   std::vector<mx::array> jvp(
       const std::vector<mx::array>& primals,
       const std::vector<mx::array>& tangents,
       const std::vector<int>&) override {
-    const mx::array v =
-        Kind::kSlopeFromOutput ? activation<Kind>(primals[0], stream()) : primals[0];
-    return {activation_vjp<Kind>(tangents[0], v, stream())};
+    const mx::array& x = primals[0];
+    const auto outputs = activation_outputs<Kind>(x, stream());
+    std::vector<mx::array> result{
+        backward<Kind>(backward_inputs<Kind>(tangents[0], x, outputs), stream())};
+    if constexpr (Kind::kStoresSlope) {
+      result.push_back(Kind::slope_derivative(tangents[0], x, stream()));
+    }
+    return result;
   }
 
   std::pair<std::vector<mx::array>, std::vector<int>> vmap(
       const std::vector<mx::array>& inputs, const std::vector<int>& axes) override {
-    return {{activation<Kind>(inputs[0], stream())}, axes};
+    auto outputs = activation_outputs<Kind>(inputs[0], stream());
+    return {outputs, std::vector<int>(outputs.size(), axes[0])};
   }
 
   const char* name() const override {
@@ -366,17 +437,21 @@ class Activation : public ElementwisePrimitive {
   }
 };
 
-// cotangent * activation'(x), from v (the output or x, see kSlopeFromOutput): the
+// cotangent * activation'(x), from the last input (y, or the stored derivative): the
 // backward of Activation<Kind> in one pass.
 template <typename Kind>
 class ActivationVjp : public ElementwisePrimitive {
  public:
   using ElementwisePrimitive::ElementwisePrimitive;
 
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    return {inputs[0].shape()};
+  }
+
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs)
       override {
     const mx::array& cotangent = inputs[0];
-    const mx::array& v = inputs[1];
+    const mx::array& v = inputs.back();
     mx::array& out = outputs[0];
     // E.g. the broadcast cotangent of a sum is not contiguous; out is then row-contiguous.
     const bool contiguous = cotangent.flags().row_contiguous && v.flags().row_contiguous;
@@ -385,23 +460,28 @@ class ActivationVjp : public ElementwisePrimitive {
     } else {
       out.set_data(mx::allocator::malloc(out.nbytes()));
     }
-    encode_map<&Kind::slope>(stream(), out, contiguous, out.size(), cotangent, v);
+    encode_map<&Kind::slope>(stream(), outputs, contiguous, out.size(), cotangent, v);
   }
 
-  // Differentiating the backward (a Hessian-vector product) goes through MLX ops.
+  // Differentiating the backward (a Hessian-vector product) goes through MLX ops. A
+  // stored derivative (the third input) is taken as a cache of one of x, the second,
+  // whose gradient carries the whole dependence, so its own is 0.
   std::vector<mx::array> vjp(
       const std::vector<mx::array>& primals,
       const std::vector<mx::array>& cotangents,
       const std::vector<int>& argnums,
       const std::vector<mx::array>&) override {
-    const mx::array& v = primals[1];
     std::vector<mx::array> grads;
     for (int arg : argnums) {
       if (arg == 0) {
-        grads.push_back(activation_vjp<Kind>(cotangents[0], v, stream()));
-      } else {
+        std::vector<mx::array> inputs = primals;
+        inputs[0] = cotangents[0];
+        grads.push_back(backward<Kind>(std::move(inputs), stream()));
+      } else if (arg == 1) {
         auto scaled = mx::multiply(cotangents[0], primals[0], stream());
-        grads.push_back(Kind::slope_derivative(scaled, v, stream()));
+        grads.push_back(Kind::slope_derivative(scaled, primals[1], stream()));
+      } else {
+        grads.push_back(mx::zeros_like(primals[arg], stream()));
       }
     }
     return grads;
@@ -409,11 +489,11 @@ class ActivationVjp : public ElementwisePrimitive {
 
   std::pair<std::vector<mx::array>, std::vector<int>> vmap(
       const std::vector<mx::array>& inputs, const std::vector<int>& axes) override {
-    if (axes[0] != axes[1]) {
+    if (std::any_of(axes.begin(), axes.end(), [&](int axis) { return axis != axes[0]; })) {
       throw std::invalid_argument(
-          std::string("unilab ") + name() + ": vmap needs both inputs on one axis");
+          std::string("unilab ") + name() + ": vmap needs all inputs on one axis");
     }
-    return {{activation_vjp<Kind>(inputs[0], inputs[1], stream())}, {axes[0]}};
+    return {{backward<Kind>(inputs, stream())}, {axes[0]}};
   }
 
   const char* name() const override {
@@ -422,24 +502,44 @@ class ActivationVjp : public ElementwisePrimitive {
 };
 
 template <typename Kind>
-mx::array activation(const mx::array& x, mx::StreamOrDevice s) {
+std::vector<mx::array> activation_outputs(const mx::array& x, mx::StreamOrDevice s) {
   check_float32(x, Kind::kNames.op);
+  constexpr size_t count = kForwardOutputs<Kind>;
+  return mx::array::make_arrays(
+      std::vector<mx::Shape>(count, x.shape()),
+      std::vector<mx::Dtype>(count, x.dtype()),
+      std::make_shared<Activation<Kind>>(mx::to_stream(s)),
+      {x});
+}
+
+template <typename Kind>
+mx::array backward(std::vector<mx::array> inputs, mx::Stream s) {
+  for (const mx::array& input : inputs) {
+    check_float32(input, Kind::kNames.vjp_op);
+    if (input.shape() != inputs[0].shape()) {
+      throw std::invalid_argument(std::string(Kind::kNames.vjp_op) + ": input shapes differ");
+    }
+  }
+  const mx::Shape shape = inputs[0].shape();
   return mx::array(
-      x.shape(), x.dtype(), std::make_shared<Activation<Kind>>(mx::to_stream(s)), {x});
+      shape, mx::float32, std::make_shared<ActivationVjp<Kind>>(s), std::move(inputs));
+}
+
+// The Python functions: y = activation(x); cotangent * activation'(x) given y, or given x
+// where the forward stores the derivative (computed here by a forward).
+template <typename Kind>
+mx::array activation(const mx::array& x, mx::StreamOrDevice s) {
+  return activation_outputs<Kind>(x, s)[0];
 }
 
 template <typename Kind>
 mx::array activation_vjp(const mx::array& cotangent, const mx::array& v, mx::StreamOrDevice s) {
-  check_float32(cotangent, Kind::kNames.vjp_op);
-  check_float32(v, Kind::kNames.vjp_op);
-  if (cotangent.shape() != v.shape()) {
-    throw std::invalid_argument(std::string(Kind::kNames.vjp_op) + ": input shapes differ");
+  if constexpr (Kind::kStoresSlope) {
+    check_float32(v, Kind::kNames.vjp_op);
+    return backward<Kind>({cotangent, v, activation_outputs<Kind>(v, s)[1]}, mx::to_stream(s));
+  } else {
+    return backward<Kind>({cotangent, v}, mx::to_stream(s));
   }
-  return mx::array(
-      v.shape(),
-      v.dtype(),
-      std::make_shared<ActivationVjp<Kind>>(mx::to_stream(s)),
-      {cotangent, v});
 }
 
 template <typename Kind>
@@ -449,12 +549,11 @@ void def_activation(nb::module_& m, const char* doc, const char* vjp_doc) {
       Kind::kNames.vjp_op,
       &activation_vjp<Kind>,
       "cotangent"_a,
-      nb::arg(Kind::kSlopeFromOutput ? "y" : "x"),
+      nb::arg(Kind::kStoresSlope ? "x" : "y"),
       nb::kw_only(),
       "stream"_a = nb::none(),
       vjp_doc);
 }
-
 }  // namespace unilab
 
 NB_MODULE(_unilab_native, m) {
