@@ -11,6 +11,7 @@ steady clock in seconds, ``stamp`` a message's reception time in ns.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from enum import Enum
 
@@ -121,7 +122,7 @@ class Finished:
 Decision = PublishAction | BeginUpdate | None
 
 
-class LoopBase:
+class LoopBase(ABC):
     """What the single-robot loop and the fleet's share: counters, the update's
     bookkeeping, the end of the run and the live switches. A subclass says how its
     rollout is cut (``_cut_rollout``)."""
@@ -207,8 +208,9 @@ class LoopBase:
         self.agent.trainer.learning_rate = rate
         self.agent.ppo_cfg.learning_rate = rate
 
+    @abstractmethod
     def _cut_rollout(self) -> None:
-        raise NotImplementedError
+        """End the rollout segment being collected: the next stored step does not continue it."""
 
 
 class TrainingLoop(LoopBase):

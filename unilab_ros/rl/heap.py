@@ -5,8 +5,8 @@ dies, so a PPO mini-batch step allocates and frees tens of MB of activations and
 gradients. glibc hands blocks above its mmap threshold to fresh mmaps and gives the free
 top of the heap back to the kernel above its trim threshold; it raises both only as far
 as the largest block freed so far (a few MB at robot sizes), so every step faulted its
-memory in again, zero-filled page by page: 20% of a robot-size update (0.52 s against
-0.43 s on a 2-core AMD EPYC).
+memory in again, zero-filled page by page (25,000-30,000 faults per robot-size update
+from back-to-back updates: 0.60-0.65 s against 0.49-0.53 s on a 2-core AMD EPYC).
 
 ``keep_freed_memory`` sets the thresholds where glibc's own adjustment stops on 64-bit
 (blocks up to 32 MiB come from the heap) and keeps up to twice that free before trimming.
