@@ -13,6 +13,10 @@ rsl_rl runs in a child process that never imports unilab_ros or mlx: the OpenBLA
 that unilab_ros loads globally for MLX would otherwise also take over PyTorch's sgemm
 and fight its OpenMP threads (10x slower here), which no rsl_rl user would see.
 
+Each size also prints where the time goes: ours from compiled parts, rsl_rl's matmuls
+(its linear layers forward and backward, timed like ours), and the ratio the two would
+have where both BLAS libraries multiply at the same speed.
+
 The last line reads ``ppo_update ratio_robot=<x> ratio_small=<y>`` where a ratio is
 rsl_rl's seconds over ours (above 1: ours is faster). Without torch / rsl-rl-lib
 (``make bench`` installs them) the rsl_rl side is skipped and the ratios are nan.
@@ -31,6 +35,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -324,11 +329,28 @@ def rsl_rl_worker(data_path: str) -> None:
         algorithm.compute_returns(obs)
         return algorithm.update()
 
+    # The matmul part, as ours is measured: the same linear layers of both networks (no
+    # activations), forward and backward on one mini-batch, once per step of the phase.
+    obs_dim = data["obs"].shape[-1]
+    mini_batch = data["obs"].reshape(-1, obs_dim)[: num_steps * num_envs // MINI_BATCHES]
+    linear_nets = [
+        torch.nn.Sequential(*[torch.nn.Linear(a, b) for a, b in pairwise(dims)])
+        for dims in ([obs_dim, *hidden, action_dim], [obs_dim, *hidden, 1])
+    ]
+
+    def matmul_phase() -> None:
+        for _ in range(EPOCHS * MINI_BATCHES):
+            for net in linear_nets:
+                net.zero_grad(set_to_none=True)
+            sum(net(mini_batch).sum() for net in linear_nets).backward()
+
+    matmul_phase()
+    commands = {"run": phase, "matmul": matmul_phase}
     print("ready", flush=True)
     for line in sys.stdin:
-        if line.strip() != "run":
+        if line.strip() not in commands:
             break
-        print(f"{time_call(phase):.9f}", flush=True)
+        print(f"{time_call(commands[line.strip()]):.9f}", flush=True)
 
 
 class RslRlProcess:
@@ -354,9 +376,10 @@ class RslRlProcess:
             raise RuntimeError(lines[-1] if lines else f"worker said {line!r}")
         return line
 
-    def run(self) -> float:
+    def run(self, command: str = "run") -> float:
+        """Seconds of one update phase, or with "matmul" of its linear layers alone."""
         assert self._process.stdin is not None
-        self._process.stdin.write("run\n")
+        self._process.stdin.write(f"{command}\n")
         self._process.stdin.flush()
         return float(self._expect())
 
@@ -402,11 +425,12 @@ def bench_size(
         except (OSError, RuntimeError, ValueError) as error:
             skip_reason, rsl_rl = f"{type(error).__name__}: {error}", None
     our_first = time_call(ours_phase)
-    theirs, ours = [], []
+    theirs, their_matmul, ours = [], [], []
     for _ in range(repeats):
         if rsl_rl is not None:
             try:
                 theirs.append(rsl_rl.run())
+                their_matmul.append(rsl_rl.run("matmul"))
             except (OSError, RuntimeError, ValueError) as error:
                 skip_reason, rsl_rl = f"{type(error).__name__}: {error}", None
         ours.append(time_call(ours_phase))
@@ -415,8 +439,11 @@ def bench_size(
         their_median = statistics.median(theirs)
         print(f"  rsl_rl {their_median:8.3f} s  {size.samples / their_median:9.0f} samples/s"
               f"  (first call {their_first:.3f} s, torch threads {os.cpu_count()})")
+        their_matmul_median = statistics.median(their_matmul)
+        print(f"  rsl_rl breakdown (s per update of {their_median:.3f} s): matmul "
+              f"{their_matmul_median:.3f}, rest {their_median - their_matmul_median:.3f}")
     else:
-        their_median = math.nan
+        their_median = their_matmul_median = math.nan
         print(f"  rsl_rl skipped: {skip_reason}")
     our_median = statistics.median(ours)
     print(f"  ours   {our_median:8.3f} s  {size.samples / our_median:9.0f} samples/s"
@@ -427,6 +454,12 @@ def bench_size(
           + ", ".join(f"{name} {seconds:.3f}" for name, seconds in parts.items()))
     ratio = their_median / our_median
     print(f"  ratio  {ratio:.2f}  (rsl_rl s / ours s)")
+    # What the ratio becomes where both BLAS libraries multiply at the same speed (as
+    # measured on an Intel Xeon, see README): rsl_rl's whole phase against its own matmul
+    # time plus everything else of ours.
+    equal = their_median / (their_matmul_median + whole - parts["matmul"])
+    print(f"  ratio at equal matmul speed  {equal:.2f}  "
+          "(rsl_rl s / (rsl_rl matmul s + ours without matmul s))")
     return ratio
 
 
