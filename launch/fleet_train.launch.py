@@ -39,8 +39,8 @@ def _fleet(context: LaunchContext) -> list:
              namespace='/'.join(filter(None, [namespace, robot])), output='screen',
              parameters=[params_file, {
                  'num_envs': num_envs, 'seed': seed + SEED_STRIDE * k,
-                 # A bridge restarted mid-run can miss the trainer's resumes (README, "A
-                 # fleet of robots"): it resumes itself after this many seconds.
+                 # A trainer stopped during an update never resumes its bridges: they
+                 # resume themselves after this many seconds.
                  'max_pause': FLEET_MAX_PAUSE,
                  'env_id': ParameterValue(LaunchConfiguration('env_id'), value_type=str)}])
         for k, robot in enumerate(robots)

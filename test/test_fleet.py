@@ -63,11 +63,8 @@ class Process:
 
 
 def _bridge(robot: str, seed: int, env: dict[str, str]) -> Process:
-    # The trainer pauses every bridge around its updates (the params file's services). A
-    # bridge restarted mid-run can be paused at every update and never resumed (the
-    # trainer's resume requests do not reach it); max_pause ends that within 2 s here.
     command = node_command("unilab_ros.gym_env_node", PENDULUM_YAML,
-                           {"num_envs": "16", "seed": str(seed), "max_pause": "2.0"})
+                           {"num_envs": "16", "seed": str(seed)})
     return Process([*command, "-r", f"__ns:=/{robot}"], env)
 
 
@@ -96,6 +93,11 @@ def test_three_robots_train_and_one_is_killed_and_comes_back(tmp_path):
         "robots": "[" + ",".join(ROBOTS) + "]", "num_envs": "16", "num_steps": "64",
         "checkpoint_dir": str(output), "tensorboard": "false",
         "step_timeout": "1.0", "checkpoint_interval": "0", "max_iterations": "0",
+        # Without pausing: with it, a killed bridge's pause service can still look ready
+        # to the trainer for ~20 s, each update waits service_timeout on it, and the robot
+        # was sometimes not counted stalled within this run's bound (README, "A fleet of
+        # robots"). Pausing in a fleet is covered in test_sim_pause.py and
+        # test_gym_env_node.py.
         "pause_service": "''", "resume_service": "''",
     }), env)
     restarted: Process | None = None
@@ -113,8 +115,10 @@ def test_three_robots_train_and_one_is_killed_and_comes_back(tmp_path):
         _wait(lambda: iterations() >= stalled_at + 2, deadline,
               "iterations without robot2", trainer)
         restarted = _bridge("robot2", 1000, env)
+        restarted_time = time.monotonic()
         _wait(lambda: "robot robot2 rejoined" in trainer.output, deadline,
               "robot2 to rejoin", trainer, restarted)
+        rejoin_seconds = time.monotonic() - restarted_time
         rejoined_at = iterations()
         _wait(lambda: iterations() >= rejoined_at + 2, deadline,
               "iterations after robot2 came back", trainer)
@@ -126,7 +130,7 @@ def test_three_robots_train_and_one_is_killed_and_comes_back(tmp_path):
     assert trainer.popen.returncode == 0, trainer.output[-3000:]
     metrics = _metrics(output)
     print(f"fleet: robot2 killed after iteration {killed_at}, stalled seen at {stalled_at}, "
-          f"back at {rejoined_at}; returns: "
+          f"back at {rejoined_at}, {rejoin_seconds:.1f} s after its restart; returns: "
           + ", ".join(f"{value:.0f}" for value in metrics["mean_return"]))
     assert metrics["robot_stalls"][-1] >= 1
     assert metrics["robot_rejoins"][-1] >= 1

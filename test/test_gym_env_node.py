@@ -332,6 +332,24 @@ def test_paused_actions_are_counted_and_dropped_and_resume_steps_on(harness_fact
     assert harness.env.counters.rejected_actions == 0
 
 
+def test_an_env_paused_more_often_than_its_republish_period_still_republishes(
+        harness_factory):
+    # A fleet's trainer pauses every bridge around each update, here every 0.15 s. A bridge
+    # it does not act on (its first state was lost) must still re-publish, or it never
+    # joins: the running time between pauses adds up to the period, the paused time not.
+    harness = harness_factory(num_envs=2, seed=1, republish_period=0.3)
+    harness.step(np.zeros((2, 1)))
+    republished = harness.env.counters.observation_republishes
+    for _ in range(10):
+        harness.spin_for(0.1)
+        harness.call('pause')
+        harness.spin_for(0.05)
+        harness.call('resume')
+    # 10 x 0.1 s of running time: 3 periods.
+    assert harness.env.counters.observation_republishes >= republished + 2
+    assert harness.env.counters.steps == 1
+
+
 def test_paused_before_the_first_action_the_first_observation_is_not_republished(
         harness_factory):
     harness = harness_factory(republish_period=0.05)

@@ -227,15 +227,21 @@ class GymEnvNode(Node):
         self._resume()
         # A trainer that is waiting gets the state now, not a republish_period later.
         self._observation_pub.publish(self._latest_observation)
+        self._quiet_since = time.monotonic()
 
     def _srv_resume(self, _request: Empty.Request, response: Empty.Response) -> Empty.Response:
         self._resume()
         return response
 
     def _resume(self) -> None:
+        if self._paused:
+            # Time paused is not quiet time: after an update the trainer acts on the state
+            # it has, and a bridge that stepped just before the pause waits its whole
+            # period again. But one the trainer does not act on (it joined a fleet after
+            # its first state was lost) must still re-publish after a period of running
+            # time, even when updates pause it more often than that.
+            self._quiet_since += time.monotonic() - self._paused_since
         self._paused = False
-        # The trainer acts right after resuming: give it a period before re-publishing.
-        self._quiet_since = time.monotonic()
 
     def _report(self) -> None:
         counters = self.counters

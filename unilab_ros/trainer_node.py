@@ -204,6 +204,8 @@ class TrainerNode(Node):
             self._connect(r, f"{name.strip('/')}/", subscribe, output_cfg, qos)
             for r, name in enumerate(robots or [""])
         ]
+        self._paused_sims: list[SimPause] = []
+        """The simulators paused for the update in progress (see _begin_update)."""
         self.create_subscription(Bool, "estop", self._on_estop, qos)
         if self.cfg.control_services:
             self.create_service(Trigger, "~/save_checkpoint", self._srv_save)
@@ -460,17 +462,23 @@ class TrainerNode(Node):
     def _begin_update(self) -> None:
         self._publish_status()
         # Pause first: a safe action published before the pause answered could reach the
-        # simulator first and step it, a step nobody learns from.
-        self._call_sims("pause", then=self._run_update)
+        # simulator first and step it, a step nobody learns from. Not a stalled robot's:
+        # the trainer takes none of its steps, and a dead robot's service can still look
+        # ready for a while, so each call would wait service_timeout. The same simulators
+        # are resumed after the update.
+        self._paused_sims = [
+            robot.sim
+            for r, robot in enumerate(self._robots)
+            if not (isinstance(self.loop, FleetLoop) and self.loop.robots[r].stalled)
+        ]
+        self._call_sims(self._paused_sims, "pause", then=self._run_update)
 
-    def _call_sims(self, call: str, then: Callable[[], None], first: int = 0) -> None:
-        """Pause (resume) every robot's simulator, one after the other, then ``then``."""
-        if first == len(self._robots):
+    def _call_sims(self, sims: list[SimPause], call: str, then: Callable[[], None]) -> None:
+        """Pause (resume) each of ``sims``, one after the other, then ``then``."""
+        if not sims:
             then()
             return
-        getattr(self._robots[first].sim, call)(
-            then=lambda: self._call_sims(call, then, first + 1)
-        )
+        getattr(sims[0], call)(then=lambda: self._call_sims(sims[1:], call, then))
 
     def _run_update(self) -> None:
         if self.cfg.update_safe_action:
@@ -493,7 +501,7 @@ class TrainerNode(Node):
             self.save(due.reason)
         # Act only once the simulator runs again: an action that reached it still paused
         # would be dropped, and collection would stall until the step timed out.
-        self._call_sims("resume", then=self._restart_collecting)
+        self._call_sims(self._paused_sims, "resume", then=self._restart_collecting)
 
     def _restart_collecting(self) -> None:
         self._drain_queued()
