@@ -100,11 +100,10 @@ def test_without_the_pause_services_the_safe_action_steps_the_env(run_pair):
     assert bridge.counters.actions_while_paused == 0
 
 
-def test_a_stalled_robots_simulator_is_left_out_of_the_pauses(context, tmp_path):
-    """A fleet of two: once robot2 is gone and counted stalled, updates pause and resume
-    robot1 only. Calling a dead robot's services fails (here at once: the bridge's node is
-    destroyed in this process; across processes a dead service can look ready for a while,
-    and each call then waits service_timeout)."""
+@pytest.fixture
+def fleet_of_two(context, tmp_path):
+    """Two bridges (robot1, robot2), each spinning in a thread, and a trainer with pausing
+    for both; yields (bridges by name with their executors, trainer, trainer's executor)."""
     def bridge_in(namespace: str) -> tuple[GymEnvNode, SingleThreadedExecutor]:
         node = GymEnvNode(context=context, namespace=namespace, parameter_overrides=overrides(
             {"num_envs": NUM_ENVS, "republish_period": 0.1}))
@@ -114,31 +113,67 @@ def test_a_stalled_robots_simulator_is_left_out_of_the_pauses(context, tmp_path)
         return node, executor
 
     bridges = {name: bridge_in(name) for name in ("robot1", "robot2")}
-    trainer = TrainerNode(context=context, parameter_overrides=overrides({
-        "robots": ["robot1", "robot2"], "num_envs": NUM_ENVS, "obs_dim": 3, "action_dim": 1,
-        "num_steps": NUM_STEPS, "max_iterations": 0, "safe_action": [0.0],
-        "tensorboard": False, "checkpoint_dir": str(tmp_path / "checkpoints"),
-        "step_timeout": 0.5, "model.actor_hidden_dims": [8],
-        "model.critic_hidden_dims": [8], "ppo.num_mini_batches": 1,
-        "ppo.num_learning_epochs": 1, "pause_service": "gym_env/pause",
-        "resume_service": "gym_env/resume", "pause_service_type": "empty"}))
-    executor = SingleThreadedExecutor(context=context)
-    executor.add_node(trainer)
-    try:
-        assert spin_until(executor, lambda: trainer.agent.iteration >= 1, WAIT_S)
-        node, robot2_executor = bridges.pop("robot2")
-        robot2_executor.shutdown()
-        node.destroy_node()
-        assert spin_until(executor, lambda: trainer.loop.stalled_robots == ["robot2"], WAIT_S)
-        failures, iteration = trainer.status()["sim_service_failures"], trainer.agent.iteration
-        robot1_pauses = bridges["robot1"][0].counters.actions_while_paused
-        assert spin_until(executor, lambda: trainer.agent.iteration >= iteration + 2, WAIT_S)
-        assert trainer.status()["sim_service_failures"] == failures
-        # robot1 is still paused around every update: the safe action finds it paused.
-        assert bridges["robot1"][0].counters.actions_while_paused >= robot1_pauses + 2
-    finally:
+    nodes = [node for node, _ in bridges.values()]
+    executors = [executor for _, executor in bridges.values()]
+
+    def start(trainer_params: dict) -> tuple[TrainerNode, SingleThreadedExecutor]:
+        trainer = TrainerNode(context=context, parameter_overrides=overrides({
+            "robots": ["robot1", "robot2"], "num_envs": NUM_ENVS, "obs_dim": 3,
+            "action_dim": 1, "num_steps": NUM_STEPS, "max_iterations": 0,
+            "safe_action": [0.0], "tensorboard": False,
+            "checkpoint_dir": str(tmp_path / "checkpoints"), "model.actor_hidden_dims": [8],
+            "model.critic_hidden_dims": [8], "ppo.num_mini_batches": 1,
+            "ppo.num_learning_epochs": 1, "pause_service": "gym_env/pause",
+            "resume_service": "gym_env/resume", "pause_service_type": "empty",
+            **trainer_params}))
+        executor = SingleThreadedExecutor(context=context)
+        executor.add_node(trainer)
+        nodes.append(trainer)
+        executors.append(executor)
+        return trainer, executor
+
+    yield bridges, start
+    for executor in executors:
         executor.shutdown()
-        trainer.destroy_node()
-        for node, bridge_executor in bridges.values():
-            bridge_executor.shutdown()
-            node.destroy_node()
+    for node in nodes:
+        node.destroy_node()
+
+
+def test_a_stalled_robots_simulator_is_left_out_of_the_pauses(fleet_of_two):
+    """Once robot2 is gone and counted stalled, updates pause and resume robot1 only.
+    Calling a dead robot's services fails (here at once: the bridge's node is destroyed in
+    this process; across processes a dead service can look ready for a while, and each
+    call then waits service_timeout)."""
+    bridges, start = fleet_of_two
+    trainer, executor = start({"step_timeout": 0.5})
+    assert spin_until(executor, lambda: trainer.agent.iteration >= 1, WAIT_S)
+    node, robot2_executor = bridges["robot2"]
+    robot2_executor.shutdown()
+    node.destroy_node()
+    assert spin_until(executor, lambda: trainer.loop.stalled_robots == ["robot2"], WAIT_S)
+    failures, iteration = trainer.status()["sim_service_failures"], trainer.agent.iteration
+    robot1_pauses = bridges["robot1"][0].counters.actions_while_paused
+    assert spin_until(executor, lambda: trainer.agent.iteration >= iteration + 2, WAIT_S)
+    assert trainer.status()["sim_service_failures"] == failures
+    # robot1 is still paused around every update: the safe action finds it paused.
+    assert bridges["robot1"][0].counters.actions_while_paused >= robot1_pauses + 2
+
+
+def test_a_robot_whose_pause_goes_unanswered_stalls_at_once(fleet_of_two):
+    """robot2's bridge stops answering (its executor stops; its node, so its services,
+    stay, as a dead process's can for a while). Its step would time out only after 30 s,
+    but its lanes fill from robot1 and the update's pause to it goes unanswered: robot2
+    is counted stalled then, and later updates do not wait on it."""
+    bridges, start = fleet_of_two
+    trainer, executor = start({"step_timeout": 30.0, "obs_timeout": 0.5,
+                               "service_timeout": 0.3})
+    assert spin_until(executor, lambda: trainer.agent.iteration >= 1, WAIT_S)
+    bridges["robot2"][1].shutdown()
+    assert spin_until(executor, lambda: trainer.loop.stalled_robots == ["robot2"], 10.0)
+    assert trainer.loop.counters["robot_stalls"] == 1
+    # That update still resumes robot2 (the pause may have arrived late), unanswered too.
+    iteration = trainer.agent.iteration
+    assert spin_until(executor, lambda: trainer.agent.iteration >= iteration + 1, WAIT_S)
+    failures, iteration = trainer.status()["sim_service_failures"], trainer.agent.iteration
+    assert spin_until(executor, lambda: trainer.agent.iteration >= iteration + 2, WAIT_S)
+    assert trainer.status()["sim_service_failures"] == failures

@@ -55,11 +55,13 @@ class RobotAction:
 
 @dataclass(frozen=True)
 class RobotStalled:
-    """Robot ``robot`` missed ``step_timeout``; ``then`` acts on a newer observation it
-    waits at, if there is one."""
+    """Robot ``robot`` missed ``step_timeout`` (or, with ``pause_unanswered``, its
+    simulator did not answer a pause); ``then`` acts on a newer observation it waits at,
+    if there is one."""
 
     robot: int
     then: PublishAction | None
+    pause_unanswered: bool = False
 
 
 @dataclass(frozen=True)
@@ -258,6 +260,17 @@ class FleetLoop(LoopBase):
                 then = self._act(r, *latest, now).action
             stalled.append(RobotStalled(r, then))
         return stalled
+
+    def pause_unanswered(self, r: int) -> RobotStalled | None:
+        """Robot ``r``'s simulator did not answer its pause before an update: it stalls
+        now. Its free lanes fill from the others before its step can time out, and a dead
+        process's service can look ready for a while, so otherwise every update would
+        wait on it again."""
+        robot = self.robots[r]
+        if robot.stalled:
+            return None
+        self._stall(robot)
+        return RobotStalled(r, None, pause_unanswered=True)
 
     def check_watchdogs(self, steady: float) -> list[RobotSilence]:
         """The robots whose observations stopped while collecting."""

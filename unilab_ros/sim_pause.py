@@ -39,6 +39,9 @@ class SimPause:
         )
         self._waiting: tuple[Client, Future, Callable[[], None]] | None = None
         self.calls_failed = 0
+        self.unanswered = False
+        """Whether the last call was sent and got no answer within the timeout (a dead
+        simulator whose service still looks ready); False when none was sent."""
 
     def pause(self, then: Callable[[], None]) -> None:
         """Request a pause; ``then()`` runs once it answered or timed out, or at once when
@@ -50,6 +53,7 @@ class SimPause:
         self._call(self._resume, False, then)
 
     def _call(self, client: Client | None, pause: bool, then: Callable[[], None]) -> None:
+        self.unanswered = False
         future = self._request(client, pause) if client is not None else None
         if client is None or future is None:
             then()
@@ -96,6 +100,7 @@ class SimPause:
         if not future.done():
             client.remove_pending_request(future)
             self.calls_failed += 1
+            self.unanswered = True
             self._node.get_logger().warning(
                 f"simulator service {client.srv_name} did not answer within "
                 f"{self._timeout}s: going on without it",

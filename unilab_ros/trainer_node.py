@@ -204,8 +204,8 @@ class TrainerNode(Node):
             self._connect(r, f"{name.strip('/')}/", subscribe, output_cfg, qos)
             for r, name in enumerate(robots or [""])
         ]
-        self._paused_sims: list[SimPause] = []
-        """The simulators paused for the update in progress (see _begin_update)."""
+        self._paused_robots: list[int] = []
+        """The robots whose simulators were paused for the update in progress."""
         self.create_subscription(Bool, "estop", self._on_estop, qos)
         if self.cfg.control_services:
             self.create_service(Trigger, "~/save_checkpoint", self._srv_save)
@@ -370,10 +370,14 @@ class TrainerNode(Node):
             for each in decision:
                 self._carry_out(each)
         elif isinstance(decision, RobotStalled):
+            why = (
+                f"its simulator did not answer a pause within service_timeout="
+                f"{self.cfg.service_timeout}s" if decision.pause_unanswered
+                else f"no step within step_timeout={self.loop.cfg.step_timeout}s"
+            )
             self.get_logger().warning(
-                f"robot {self._robots[decision.robot].name} stalled: no step within "
-                f"step_timeout={self.loop.cfg.step_timeout}s, its episodes cut; the others "
-                f"go on ({self.loop.counters['robot_stalls']} stalls so far)"
+                f"robot {self._robots[decision.robot].name} stalled: {why}, its episodes "
+                f"cut; the others go on ({self.loop.counters['robot_stalls']} stalls so far)"
             )
             if decision.then is not None:
                 self._publish_action(decision.then, decision.robot)
@@ -466,19 +470,29 @@ class TrainerNode(Node):
         # the trainer takes none of its steps, and a dead robot's service can still look
         # ready for a while, so each call would wait service_timeout. The same simulators
         # are resumed after the update.
-        self._paused_sims = [
-            robot.sim
-            for r, robot in enumerate(self._robots)
+        self._paused_robots = [
+            r for r in range(len(self._robots))
             if not (isinstance(self.loop, FleetLoop) and self.loop.robots[r].stalled)
         ]
-        self._call_sims(self._paused_sims, "pause", then=self._run_update)
+        self._call_sims(self._paused_robots, "pause", then=self._run_update)
 
-    def _call_sims(self, sims: list[SimPause], call: str, then: Callable[[], None]) -> None:
-        """Pause (resume) each of ``sims``, one after the other, then ``then``."""
-        if not sims:
+    def _call_sims(self, robots: list[int], call: str, then: Callable[[], None]) -> None:
+        """Pause (resume) the simulators of ``robots``, one after the other, then ``then``.
+        In a fleet a pause that goes unanswered stalls its robot (it is still resumed, in
+        case the pause arrived late)."""
+        if not robots:
             then()
             return
-        getattr(sims[0], call)(then=lambda: self._call_sims(sims[1:], call, then))
+        r, sim = robots[0], self._robots[robots[0]].sim
+
+        def next_robot() -> None:
+            if call == "pause" and sim.unanswered and isinstance(self.loop, FleetLoop):
+                stalled = self.loop.pause_unanswered(r)
+                if stalled is not None:
+                    self._carry_out(stalled)
+            self._call_sims(robots[1:], call, then)
+
+        getattr(sim, call)(then=next_robot)
 
     def _run_update(self) -> None:
         if self.cfg.update_safe_action:
@@ -501,7 +515,7 @@ class TrainerNode(Node):
             self.save(due.reason)
         # Act only once the simulator runs again: an action that reached it still paused
         # would be dropped, and collection would stall until the step timed out.
-        self._call_sims(self._paused_sims, "resume", then=self._restart_collecting)
+        self._call_sims(self._paused_robots, "resume", then=self._restart_collecting)
 
     def _restart_collecting(self) -> None:
         self._drain_queued()
