@@ -348,9 +348,10 @@ def rsl_rl_worker(data_path: str) -> None:
     commands = {"run": phase, "matmul": matmul_phase}
     print("ready", flush=True)
     for line in sys.stdin:
-        if line.strip() not in commands:
+        command = commands.get(line.strip())
+        if command is None:
             break
-        print(f"{time_call(commands[line.strip()]):.9f}", flush=True)
+        print(f"{time_call(command):.9f}", flush=True)
 
 
 class RslRlProcess:

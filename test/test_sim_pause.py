@@ -25,6 +25,17 @@ STORED = UPDATES * NUM_STEPS
 WAIT_S = 20.0
 
 
+TINY_TRAINER = {
+    "num_envs": NUM_ENVS, "obs_dim": 3, "action_dim": 1, "num_steps": NUM_STEPS,
+    "safe_action": [0.0], "tensorboard": False, "model.actor_hidden_dims": [8],
+    "model.critic_hidden_dims": [8], "ppo.num_mini_batches": 1, "ppo.num_learning_epochs": 1,
+}
+"""A trainer small enough that an update takes milliseconds."""
+PAUSING = {"pause_service": "gym_env/pause", "resume_service": "gym_env/resume",
+           "pause_service_type": "empty"}
+"""The bridge's own ~/pause and ~/resume, relative (a fleet's robot's own)."""
+
+
 def overrides(params: dict) -> list[Parameter]:
     return [Parameter(name, value=value) for name, value in params.items()]
 
@@ -42,13 +53,10 @@ def run_pair(context, tmp_path):
             "republish_period": 0.1}))
         nodes.append(bridge)
         trainer = TrainerNode(context=context, parameter_overrides=overrides({
-            "num_envs": NUM_ENVS, "obs_dim": 3, "action_dim": 1, "num_steps": NUM_STEPS,
-            "max_iterations": UPDATES, "safe_action": [0.0], "tensorboard": False,
+            **TINY_TRAINER, "max_iterations": UPDATES,
             "checkpoint_dir": str(tmp_path / "checkpoints"),
             # Long timeouts: a step dropped on a busy machine would cut an episode.
             "step_timeout": 10.0, "obs_timeout": 10.0,
-            "model.actor_hidden_dims": [8], "model.critic_hidden_dims": [8],
-            "ppo.num_mini_batches": 1, "ppo.num_learning_epochs": 1,
             **trainer_params}))
         nodes.append(trainer)
         bridge_executor, executor = (SingleThreadedExecutor(context=context) for _ in "ab")
@@ -83,9 +91,7 @@ def run_pair(context, tmp_path):
 
 
 def test_with_the_pause_services_no_step_is_lost_to_updates(run_pair):
-    bridge, trainer = run_pair({
-        "pause_service": "gym_env/pause", "resume_service": "gym_env/resume",
-        "pause_service_type": "empty"})
+    bridge, trainer = run_pair(PAUSING)
     assert trainer.loop.sync.counters["steps_dropped"] == 0
     assert bridge.counters.steps == STORED, "an env step was taken during an update"
     # Each update's safe action reached the paused bridge and was dropped there.
@@ -102,8 +108,9 @@ def test_without_the_pause_services_the_safe_action_steps_the_env(run_pair):
 
 @pytest.fixture
 def fleet_of_two(context, tmp_path):
-    """Two bridges (robot1, robot2), each spinning in a thread, and a trainer with pausing
-    for both; yields (bridges by name with their executors, trainer, trainer's executor)."""
+    """Two bridges (robot1, robot2), each spinning in a thread; yields them by name with
+    their executors, and ``start(params)``, which makes a trainer pausing both and its
+    executor."""
     def bridge_in(namespace: str) -> tuple[GymEnvNode, SingleThreadedExecutor]:
         node = GymEnvNode(context=context, namespace=namespace, parameter_overrides=overrides(
             {"num_envs": NUM_ENVS, "republish_period": 0.1}))
@@ -118,14 +125,8 @@ def fleet_of_two(context, tmp_path):
 
     def start(trainer_params: dict) -> tuple[TrainerNode, SingleThreadedExecutor]:
         trainer = TrainerNode(context=context, parameter_overrides=overrides({
-            "robots": ["robot1", "robot2"], "num_envs": NUM_ENVS, "obs_dim": 3,
-            "action_dim": 1, "num_steps": NUM_STEPS, "max_iterations": 0,
-            "safe_action": [0.0], "tensorboard": False,
-            "checkpoint_dir": str(tmp_path / "checkpoints"), "model.actor_hidden_dims": [8],
-            "model.critic_hidden_dims": [8], "ppo.num_mini_batches": 1,
-            "ppo.num_learning_epochs": 1, "pause_service": "gym_env/pause",
-            "resume_service": "gym_env/resume", "pause_service_type": "empty",
-            **trainer_params}))
+            **TINY_TRAINER, **PAUSING, "robots": ["robot1", "robot2"], "max_iterations": 0,
+            "checkpoint_dir": str(tmp_path / "checkpoints"), **trainer_params}))
         executor = SingleThreadedExecutor(context=context)
         executor.add_node(trainer)
         nodes.append(trainer)

@@ -143,6 +143,11 @@ class FleetLoop(LoopBase):
     def stalled_robots(self) -> list[str]:
         return [robot.name for robot in self.robots if robot.stalled]
 
+    def simulators_to_pause(self) -> list[int]:
+        """Not a stalled robot's: none of its steps are taken, and a dead process's service
+        can look ready for a while, so each call would wait service_timeout."""
+        return [r for r, robot in enumerate(self.robots) if not robot.stalled]
+
     # Steps.
 
     def on_observation(

@@ -466,27 +466,22 @@ class TrainerNode(Node):
     def _begin_update(self) -> None:
         self._publish_status()
         # Pause first: a safe action published before the pause answered could reach the
-        # simulator first and step it, a step nobody learns from. Not a stalled robot's:
-        # the trainer takes none of its steps, and a dead robot's service can still look
-        # ready for a while, so each call would wait service_timeout. The same simulators
-        # are resumed after the update.
-        self._paused_robots = [
-            r for r in range(len(self._robots))
-            if not (isinstance(self.loop, FleetLoop) and self.loop.robots[r].stalled)
-        ]
+        # simulator first and step it, a step nobody learns from. The same simulators are
+        # resumed after the update.
+        self._paused_robots = self.loop.simulators_to_pause()
         self._call_sims(self._paused_robots, "pause", then=self._run_update)
 
     def _call_sims(self, robots: list[int], call: str, then: Callable[[], None]) -> None:
         """Pause (resume) the simulators of ``robots``, one after the other, then ``then``.
-        In a fleet a pause that goes unanswered stalls its robot (it is still resumed, in
-        case the pause arrived late)."""
+        A pause that goes unanswered goes to the loop (a fleet stalls that robot; it is
+        still resumed, in case the pause arrived late)."""
         if not robots:
             then()
             return
         r, sim = robots[0], self._robots[robots[0]].sim
 
         def next_robot() -> None:
-            if call == "pause" and sim.unanswered and isinstance(self.loop, FleetLoop):
+            if call == "pause" and sim.unanswered:
                 stalled = self.loop.pause_unanswered(r)
                 if stalled is not None:
                     self._carry_out(stalled)

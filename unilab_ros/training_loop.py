@@ -14,6 +14,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from enum import Enum
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -25,6 +26,9 @@ from unilab_ros.rl.checkpoint import all_finite
 from unilab_ros.rl.episodes import EpisodeStats
 from unilab_ros.stepper import SegmentStart, StepSync, Transition
 from unilab_ros.watchdog import Silence, Watchdog, WatchdogConfig
+
+if TYPE_CHECKING:
+    from unilab_ros.fleet_loop import RobotStalled
 
 UPDATE_TRIGGERS = ("rollout_full", "episode_end")
 COUNTERS = (
@@ -207,6 +211,15 @@ class LoopBase(ABC):
         # The adaptive schedule goes on from this rate.
         self.agent.trainer.learning_rate = rate
         self.agent.ppo_cfg.learning_rate = rate
+
+    def simulators_to_pause(self) -> list[int]:
+        """The robots whose simulators are paused around an update: here the one robot."""
+        return [0]
+
+    def pause_unanswered(self, r: int) -> RobotStalled | None:
+        """Robot ``r``'s simulator did not answer its pause. A single robot has no others
+        to go on with: nothing changes (the fleet stalls the robot)."""
+        return None
 
     @abstractmethod
     def _cut_rollout(self) -> None:
