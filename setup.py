@@ -29,11 +29,11 @@ setup(
     python_requires='>=3.10',
     entry_points={
         'console_scripts': [
-            'trainer_node = unilab_ros.trainer_node:main',
+            'trainer_node = unilab_ros.trainer.node:main',
             'policy_node = unilab_ros.policy_node:main',
             'gym_env_node = unilab_ros.gym_env_node:main',
             'sim_train = unilab_ros.sim_train:main',
-            'pendulum_demo = unilab_ros.rl.demo:main',
+            'pendulum_demo = unilab_ros.demo:main',
             'export_bundle = unilab_ros.export_bundle:main',
         ],
     },

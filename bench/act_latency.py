@@ -291,7 +291,7 @@ def trainer_command(name: str, folder: Path, training: bool, num_steps: int) -> 
         "step_timeout": "30.0",
         "obs_timeout": "30.0",
     }
-    command = [sys.executable, "-m", "unilab_ros.trainer_node", "--ros-args",
+    command = [sys.executable, "-m", "unilab_ros.trainer", "--ros-args",
                "-r", f"__ns:=/{name}"]
     for key, value in params.items():
         command += ["-p", f"{key}:={value}"]
@@ -352,7 +352,7 @@ def measure_e2e(args: argparse.Namespace, env: dict[str, str], folder: Path) -> 
             env=env, stdout=bridge_out, stderr=subprocess.STDOUT,
         )
         trainer = subprocess.Popen(
-            node_command("unilab_ros.trainer_node", params_file, trainer_params),
+            node_command("unilab_ros.trainer", params_file, trainer_params),
             env=env, stdout=trainer_out, stderr=subprocess.STDOUT,
         )
     try:

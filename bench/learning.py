@@ -153,8 +153,8 @@ def cpu_model() -> str:
 def run_one(params_file: Path, seed: int, env_steps: int, marks: tuple[int, ...]) -> dict:
     """Train one seed in this process: the curve as (env_steps, rolling mean) pairs, and
     the deterministic policy's evaluation return at each of ``marks``."""
+    from unilab_ros.demo import train
     from unilab_ros.rl.best import BestPolicy
-    from unilab_ros.rl.demo import train
     from unilab_ros.rl.setup_file import load_setup
 
     setup = load_setup(params_file)

@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
             bridge = subprocess.Popen(node_command("unilab_ros.gym_env_node", params_file, {}),
                                       env=env, stdout=bridge_log, stderr=subprocess.STDOUT)
             trainer = subprocess.Popen(
-                node_command("unilab_ros.trainer_node", params_file, overrides), env=env,
+                node_command("unilab_ros.trainer", params_file, overrides), env=env,
                 stdout=trainer_log, stderr=subprocess.STDOUT)
             samples: list[tuple[float, float, float]] = []
             start = time.monotonic()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from unilab_ros.action_safety import ActionGuard, ActionSafetyConfig
+from unilab_ros.loop.action_safety import ActionGuard, ActionSafetyConfig
 
 SAFE = np.array([[0.5, -0.5], [0.5, -0.5]], np.float32)
 TARGET = np.array([[2.0, 1.5], [-1.0, -0.5]], np.float32)

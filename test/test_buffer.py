@@ -51,6 +51,17 @@ def reference_gae(rewards, values, dones, last_values, gamma, lam):
     return advantages, advantages + values
 
 
+
+def test_truncate_at_turns_running_steps_into_time_outs():
+    buffer = RolloutBuffer(4, 3, obs_dim=1, action_dim=1, gamma=0.9, lam=0.8)
+    fill(buffer, np.ones((2, 3)), np.ones((2, 3)), [[0, 0, 0], [RUNNING, TERMINATED, RUNNING]])
+    buffer.truncate_at(np.array([1, 1]), np.array([0, 1]))
+    # A termination stays a termination; the env not named keeps running.
+    np.testing.assert_array_equal(buffer.dones[1], [TRUNCATED, TERMINATED, RUNNING])
+    np.testing.assert_array_equal(buffer.dones[0], [RUNNING] * 3)
+    buffer.truncate_at(np.array([0]), np.array([2]))
+    np.testing.assert_array_equal(buffer.dones[:, 2], [TRUNCATED, RUNNING, 0, 0])
+
 def test_gae_hand_computed_example():
     # gamma = lam = 0.5, so gamma * lam = 0.25.
     # env 0: rewards 1, 2, 3; values 0.5, 1, 1.5; dones run, TERMINATED, run; V(last) = 2
@@ -106,24 +117,12 @@ def test_advantages_and_returns_keep_the_raw_scale():
     np.testing.assert_allclose(buffer.returns, buffer.advantages + values, rtol=1e-5)
 
 
-def test_truncate_last_turns_running_steps_into_time_outs():
-    buffer = RolloutBuffer(4, 3, obs_dim=1, action_dim=1, gamma=0.9, lam=0.8)
-    buffer.truncate_last()  # nothing stored yet: a no-op, not an IndexError
-    fill(buffer, np.ones((2, 3)), np.ones((2, 3)), [[0, 0, 0], [RUNNING, TERMINATED, RUNNING]])
-    buffer.truncate_last(env_mask=np.array([True, True, False]))
-    # A termination stays a termination; the unmasked env keeps running.
-    np.testing.assert_array_equal(buffer.dones[1], [TRUNCATED, TERMINATED, RUNNING])
-    np.testing.assert_array_equal(buffer.dones[0], [RUNNING] * 3)
-    buffer.truncate_last()
-    np.testing.assert_array_equal(buffer.dones[1], [TRUNCATED, TERMINATED, TRUNCATED])
-
-
-def test_truncate_last_stops_gae_across_the_gap():
+def test_a_truncation_stops_gae_across_the_gap():
     # Two segments glued together: the cut must make the first one ignore the second.
     gamma, lam = 0.9, 0.8
     buffer = RolloutBuffer(4, 1, obs_dim=1, action_dim=1, gamma=gamma, lam=lam)
     fill(buffer, [[1.0], [2.0]], [[0.5], [0.7]], [[0], [0]])
-    buffer.truncate_last()
+    buffer.truncate_at(np.array([1]), np.array([0]))
     fill(buffer, [[100.0], [100.0]], [[50.0], [50.0]], [[0], [0]])
     buffer.compute_returns_and_advantages(np.array([50.0]))
     # First segment alone, time-out at t=1: r1 = 2 + 0.9 * 0.7, A1 = r1 - 0.7,

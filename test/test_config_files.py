@@ -13,8 +13,10 @@ import pytest
 import yaml
 
 from unilab_ros.action_output import ActionOutputConfig
-from unilab_ros.action_safety import ActionSafetyConfig
 from unilab_ros.gym_env_node import GymEnvParams
+from unilab_ros.loop.action_safety import ActionSafetyConfig
+from unilab_ros.loop.config import LoopConfig
+from unilab_ros.loop.watchdog import WatchdogConfig
 from unilab_ros.policy_node import PolicyNodeConfig
 from unilab_ros.rl.actions import ActionConfig, ActionMapper
 from unilab_ros.rl.agent import AgentConfig
@@ -22,8 +24,6 @@ from unilab_ros.rl.model import ModelConfig
 from unilab_ros.rl.ppo import PPOConfig
 from unilab_ros.rl.ppo_runtime import PPORuntimeConfig
 from unilab_ros.trainer_config import TrainerNodeConfig
-from unilab_ros.training_loop import LoopConfig
-from unilab_ros.watchdog import WatchdogConfig
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "config"
 YAML_FILES = sorted(CONFIG_DIR.glob("*.yaml"))

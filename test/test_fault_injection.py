@@ -27,7 +27,7 @@ from std_msgs.msg import Float32MultiArray, UInt8MultiArray
 from unilab_ros.gym_env_node import GymEnvNode
 from unilab_ros.gym_vector import GymVectorSim
 from unilab_ros.paths import config_file
-from unilab_ros.trainer_node import TrainerNode
+from unilab_ros.trainer.node import TrainerNode
 
 pytestmark = [pytest.mark.ros, pytest.mark.learning]
 
@@ -161,7 +161,7 @@ def test_faults_on_the_wire_break_nothing_and_learning_goes_on(context, tmp_path
         sim_executor.shutdown()
         thread.join(timeout=10.0)
     elapsed = time.monotonic() - started
-    counters = {**trainer.loop.sync.counters, **trainer.counters}
+    counters = {**trainer.loop.step_counters, **trainer.counters}
     report = f"after {elapsed:.0f} s: {relay.faults}, trainer {counters}"
     assert finished, report
     actions = np.concatenate(relay.actions)

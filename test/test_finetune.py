@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
+from unilab_ros.demo import train
 from unilab_ros.gym_vector import GymVectorSim
 from unilab_ros.paths import config_file
 from unilab_ros.rl.actions import ActionConfig, ActionMapper
 from unilab_ros.rl.agent import AgentConfig, PPOAgent
 from unilab_ros.rl.bundle import bundle_from_agent, read_policy, save_bundle
-from unilab_ros.rl.demo import train
 from unilab_ros.rl.finetune import FineTuneConfig, make_agent
 from unilab_ros.rl.model import ModelConfig
 from unilab_ros.rl.policy import PolicySampler

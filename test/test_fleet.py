@@ -95,7 +95,7 @@ def test_three_robots_train_and_one_is_killed_and_comes_back(tmp_path):
     deadline = time.monotonic() + TIMEOUT_S
     output = tmp_path / "fleet"
     bridges = {robot: _bridge(robot, 1000 * k, env) for k, robot in enumerate(ROBOTS)}
-    trainer = Process(node_command("unilab_ros.trainer_node", PENDULUM_YAML, {
+    trainer = Process(node_command("unilab_ros.trainer", PENDULUM_YAML, {
         "robots": "[" + ",".join(ROBOTS) + "]", "num_envs": "16", "num_steps": "64",
         "checkpoint_dir": str(output), "tensorboard": "false",
         "step_timeout": "1.0", "checkpoint_interval": "0", "max_iterations": "0",

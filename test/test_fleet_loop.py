@@ -1,4 +1,4 @@
-"""FleetLoop and LaneRollout without ROS: robots that step on their own, stall and rejoin.
+"""A fleet's TrainingLoop and LaneRollout without ROS: robots that step, stall, rejoin.
 
 Tiny sizes (3 robots x 2 envs, 4-step rollouts). Every env's observation carries its
 env id and a per-env step count, so a test can tell from the buffer whose step a slot
@@ -11,14 +11,15 @@ import numpy as np
 import pytest
 
 from unilab_ros.done_codes import DoneCode
-from unilab_ros.fleet_loop import FleetLoop, RobotAction
+from unilab_ros.loop.config import LoopConfig
+from unilab_ros.loop.decisions import BeginUpdate, PublishAction
+from unilab_ros.loop.training_loop import Phase, TrainingLoop
 from unilab_ros.rl.actions import ActionConfig, ActionMapper
 from unilab_ros.rl.agent import AgentConfig, PPOAgent, StepOfEnvs
 from unilab_ros.rl.lanes import LaneRollout
 from unilab_ros.rl.model import ModelConfig
 from unilab_ros.rl.ppo import PPOConfig
 from unilab_ros.rl.ppo_runtime import PPORuntimeConfig
-from unilab_ros.training_loop import BeginUpdate, LoopConfig, Phase
 
 ROBOTS = ["robot1", "robot2", "robot3"]
 PER_ROBOT, OBS_DIM, NUM_STEPS = 2, 3, 4
@@ -35,13 +36,13 @@ def make_agent(num_envs: int) -> PPOAgent:
 
 
 class Fleet:
-    """A FleetLoop and three robots' environment side, with a hand-kept clock."""
+    """A fleet's TrainingLoop and three robots' environment side, with a hand-kept clock."""
 
     def __init__(self) -> None:
         self.agent = make_agent(len(ROBOTS) * PER_ROBOT)
         actions = ActionMapper(ActionConfig(), PER_ROBOT, 1)
-        self.loop = FleetLoop(LoopConfig(step_timeout=STEP_TIMEOUT), self.agent, actions,
-                              ROBOTS)
+        self.loop = TrainingLoop(LoopConfig(step_timeout=STEP_TIMEOUT), self.agent, actions,
+                                 ROBOTS)
         self.stamp, self.now = 0, 0.0
         self.steps = np.zeros(len(ROBOTS) * PER_ROBOT, np.int64)
 
@@ -52,29 +53,31 @@ class Fleet:
 
     def start(self, r: int):
         self.stamp += 1
-        return self.loop.on_observation(r, self.obs(r), self.stamp, self.now, self.now)
+        (decision,) = self.loop.on_observation(r, self.obs(r), self.stamp, self.now, self.now)
+        return decision
 
     def step(self, r: int, done: int = 0):
         """Robot r answers its outstanding action: reward, done, next observation."""
         self.steps[r * PER_ROBOT:(r + 1) * PER_ROBOT] += 1
         self.stamp += 1
         reward = np.full(PER_ROBOT, -1.0, np.float32)
-        assert self.loop.on_reward(r, reward, self.stamp, self.now) is None
+        assert self.loop.on_reward(r, reward, self.stamp, self.now) == []
         assert self.loop.on_done(r, np.full(PER_ROBOT, done, np.uint8), self.stamp,
-                                 self.now) is None
-        return self.loop.on_observation(r, self.obs(r), self.stamp, self.now, self.now)
+                                 self.now) == []
+        (decision,) = self.loop.on_observation(r, self.obs(r), self.stamp, self.now, self.now)
+        return decision
 
 
 def test_robots_step_on_their_own_and_fill_one_rollout():
     fleet = Fleet()
     for r in range(3):
-        assert isinstance(fleet.start(r), RobotAction)
+        assert isinstance(fleet.start(r), PublishAction)
     # Robot 3 steps faster than the others: nobody waits for anybody.
     for _ in range(NUM_STEPS):
         assert fleet.step(2).robot == 2
     decisions = [fleet.step(r) for _ in range(NUM_STEPS) for r in (0, 1)]
     assert isinstance(decisions[-1], BeginUpdate)
-    assert all(isinstance(d, RobotAction) for d in decisions[:-1])
+    assert all(isinstance(d, PublishAction) for d in decisions[:-1])
     buffer = fleet.agent.buffer
     assert buffer.full
     # Env e's steps fill column e in order: the usual layout.
@@ -123,7 +126,7 @@ def test_a_stalled_robot_is_cut_and_the_others_fill_the_rollout():
     fleet.loop.update()
     # Robot 2 is stalled: not acted on after the update; its next observation rejoins it.
     assert [d.robot for d in fleet.loop.resume(fleet.now, fleet.now)] == [0, 2]
-    assert isinstance(fleet.start(1), RobotAction)
+    assert isinstance(fleet.start(1), PublishAction)
     assert fleet.loop.stalled_robots == []
     assert fleet.loop.counters["robot_rejoins"] == 3
 
@@ -177,10 +180,10 @@ def test_lanes_keep_segments_apart_and_store_nothing_past_full():
 def test_fleet_sizes_and_trigger_are_checked():
     agent = make_agent(5)
     with pytest.raises(ValueError, match="robots x"):
-        FleetLoop(LoopConfig(), agent, ActionMapper(ActionConfig(), 2, 1), ROBOTS)
+        TrainingLoop(LoopConfig(), agent, ActionMapper(ActionConfig(), 2, 1), ROBOTS)
     with pytest.raises(ValueError, match="rollout is full"):
-        FleetLoop(LoopConfig(update_trigger="episode_end"), make_agent(6),
-                  ActionMapper(ActionConfig(), 2, 1), ROBOTS)
+        TrainingLoop(LoopConfig(update_trigger="episode_end"), make_agent(6),
+                     ActionMapper(ActionConfig(), 2, 1), ROBOTS)
 
 
 def test_a_robot_silent_across_fast_updates_stalls_at_resume():
@@ -199,5 +202,5 @@ def test_a_robot_silent_across_fast_updates_stalls_at_resume():
     fleet.loop.update()
     decisions = fleet.loop.resume(fleet.now, fleet.now)
     assert [(type(d).__name__, d.robot) for d in decisions] == [
-        ("RobotAction", 0), ("RobotStalled", 1), ("RobotAction", 2)]
+        ("PublishAction", 0), ("StepDropped", 1), ("PublishAction", 2)]
     assert fleet.loop.stalled_robots == ["robot2"]

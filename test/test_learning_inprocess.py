@@ -36,9 +36,9 @@ pytestmark = pytest.mark.learning
 
 def train_seed(seed: int) -> dict:
     """Train one seed; the rolling-mean curve and the kept best (run in a child)."""
+    from unilab_ros.demo import train
     from unilab_ros.paths import config_file
     from unilab_ros.rl.best import BestPolicy
-    from unilab_ros.rl.demo import train
     from unilab_ros.rl.setup_file import load_setup
 
     setup = load_setup(config_file("pendulum.yaml"))

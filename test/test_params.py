@@ -7,6 +7,8 @@ import rclpy
 from rcl_interfaces.msg import ParameterType
 from rclpy.parameter import Parameter
 
+from unilab_ros.loop.config import LoopConfig
+from unilab_ros.loop.watchdog import WatchdogConfig
 from unilab_ros.params import (
     ConfigError,
     declare_config,
@@ -20,8 +22,6 @@ from unilab_ros.rl.model import ModelConfig
 from unilab_ros.rl.ppo import PPOConfig
 from unilab_ros.rl.ppo_runtime import PPORuntimeConfig
 from unilab_ros.trainer_config import TrainerNodeConfig
-from unilab_ros.training_loop import LoopConfig
-from unilab_ros.watchdog import WatchdogConfig
 
 pytestmark = pytest.mark.ros
 

@@ -15,7 +15,7 @@ from ros_helpers import spin_until
 
 from unilab_ros.gym_env_node import GymEnvNode
 from unilab_ros.rl.checkpoint import Checkpoint
-from unilab_ros.trainer_node import TrainerNode
+from unilab_ros.trainer.node import TrainerNode
 
 pytestmark = pytest.mark.ros
 

@@ -37,7 +37,7 @@ def test_a_signal_saves_the_training_and_exits_0(tmp_path, ros_domain_env, sig):
         stderr=subprocess.DEVNULL,
     )
     trainer = subprocess.Popen(
-        node_command("unilab_ros.trainer_node", PENDULUM_YAML, trainer_args),
+        node_command("unilab_ros.trainer", PENDULUM_YAML, trainer_args),
         env=ros_domain_env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -71,7 +71,7 @@ def test_a_signal_saves_the_training_and_exits_0(tmp_path, ros_domain_env, sig):
 def test_sigterm_without_training_exits_0_and_writes_nothing(tmp_path, ros_domain_env):
     output = tmp_path / "idle"
     trainer = subprocess.Popen(
-        node_command("unilab_ros.trainer_node", PENDULUM_YAML, {"checkpoint_dir": str(output)}),
+        node_command("unilab_ros.trainer", PENDULUM_YAML, {"checkpoint_dir": str(output)}),
         env=ros_domain_env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -89,7 +89,7 @@ def test_sigterm_without_training_exits_0_and_writes_nothing(tmp_path, ros_domai
     assert not list(output.glob("*.safetensors"))
 
 
-@pytest.mark.parametrize("module", ["trainer_node", "policy_node", "gym_env_node"])
+@pytest.mark.parametrize("module", ["trainer", "policy_node", "gym_env_node"])
 @pytest.mark.parametrize("content", [None, "a: [b\n"], ids=["missing", "malformed"])
 def test_a_bad_params_file_exits_2_with_a_reason_not_a_traceback(
     ros_domain_env, tmp_path, module, content

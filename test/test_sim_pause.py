@@ -15,7 +15,7 @@ from rclpy.parameter import Parameter
 from ros_helpers import spin_until
 
 from unilab_ros.gym_env_node import GymEnvNode
-from unilab_ros.trainer_node import TrainerNode
+from unilab_ros.trainer.node import TrainerNode
 
 pytestmark = pytest.mark.ros
 
@@ -70,13 +70,13 @@ def run_pair(context, tmp_path):
         # The bridge's re-published first observation may reach the trainer once more
         # after it acted (a duplicate); no later observation may be taken for one.
         spin_until(executor, lambda: False, 0.2)
-        duplicates = trainer.loop.sync.counters["duplicate_messages"]
+        duplicates = trainer.loop.step_counters["duplicate_messages"]
         assert spin_until(executor, lambda: trainer.finished, WAIT_S), "updates did not finish"
         # Time for the last update's safe action to reach the bridge.
         spin_until(executor, lambda: False, 0.2)
-        assert trainer.loop.sync.counters["duplicate_messages"] == duplicates
+        assert trainer.loop.step_counters["duplicate_messages"] == duplicates
         assert trainer.agent.iteration == UPDATES
-        assert trainer.loop.sync.counters["steps_completed"] == STORED
+        assert trainer.loop.step_counters["steps_completed"] == STORED
         assert trainer.counters["safe_actions_published"] == UPDATES
         assert trainer.status()["sim_service_failures"] == 0
         return bridge, trainer
@@ -92,7 +92,7 @@ def run_pair(context, tmp_path):
 
 def test_with_the_pause_services_no_step_is_lost_to_updates(run_pair):
     bridge, trainer = run_pair(PAUSING)
-    assert trainer.loop.sync.counters["steps_dropped"] == 0
+    assert trainer.loop.step_counters["steps_dropped"] == 0
     assert bridge.counters.steps == STORED, "an env step was taken during an update"
     # Each update's safe action reached the paused bridge and was dropped there.
     assert bridge.counters.actions_while_paused == UPDATES

@@ -5,7 +5,7 @@ import itertools
 import numpy as np
 import pytest
 
-from unilab_ros.stepper import Counter, SegmentStart, StepSync, Transition
+from unilab_ros.loop.stepper import SegmentStart, StepSync, Transition
 
 TIMEOUT = 1.0
 OBS = np.array([[0.1, 0.2, 0.3], [0.4, 0.5, 0.6]], np.float32)
@@ -52,7 +52,7 @@ def test_any_order_of_the_three_parts_completes_the_step(order):
     np.testing.assert_array_equal(transition.next_obs, NEXT_OBS)
     assert not sync.awaiting_step
     assert transition.next_obs_stamp == 101 + order.index("obs")
-    assert counts(sync) == {Counter.COMPLETED.value: 1}
+    assert counts(sync) == {"steps_completed": 1}
 
 
 def test_steps_chain_the_next_observation_into_the_next_action():
@@ -66,7 +66,7 @@ def test_steps_chain_the_next_observation_into_the_next_action():
     second = sync.on_reward(REWARD, 106)
     np.testing.assert_array_equal(second.obs, NEXT_OBS)
     np.testing.assert_array_equal(second.next_obs, NEXT_OBS + 1.0)
-    assert sync.counters[Counter.COMPLETED.value] == 2
+    assert sync.counters["steps_completed"] == 2
 
 
 def test_a_missing_reward_expires_at_the_deadline_and_is_counted():
@@ -77,11 +77,11 @@ def test_a_missing_reward_expires_at_the_deadline_and_is_counted():
     assert sync.awaiting_step
     assert sync.expired(10.0 + TIMEOUT + 1e-3)
     assert not sync.awaiting_step
-    assert counts(sync) == {Counter.DROPPED.value: 1}
+    assert counts(sync) == {"steps_dropped": 1}
     assert not sync.expired(100.0), "nothing outstanding: nothing to drop"
     # The late reward now answers no action: stale, never paired with a later step.
     assert sync.on_reward(REWARD, 103) is None
-    assert sync.counters[Counter.STALE.value] == 1
+    assert sync.counters["stale_messages"] == 1
     # The next observation starts a fresh segment.
     start = sync.on_observation(NEXT_OBS, 104)
     assert isinstance(start, SegmentStart) and start.obs is NEXT_OBS
@@ -91,7 +91,7 @@ def test_a_missing_reward_expires_at_the_deadline_and_is_counted():
 def test_reward_or_done_without_an_action_is_stale(part):
     sync = StepSync(TIMEOUT)
     assert deliver(sync, part, 5) is None
-    assert counts(sync) == {Counter.STALE.value: 1}
+    assert counts(sync) == {"stale_messages": 1}
     assert not sync.awaiting_step
 
 
@@ -99,7 +99,7 @@ def test_reward_or_done_without_an_action_is_stale(part):
 def test_reward_or_done_received_before_the_acted_on_observation_is_stale(part):
     sync = started(stamp=100)
     assert deliver(sync, part, 99) is None
-    assert counts(sync) == {Counter.STALE.value: 1}
+    assert counts(sync) == {"stale_messages": 1}
     # The stale part did not fill the slot: the real one completes the step.
     for other in ("reward", "done", "obs"):
         result = deliver(sync, other, 101)
@@ -109,7 +109,7 @@ def test_reward_or_done_received_before_the_acted_on_observation_is_stale(part):
 def test_an_observation_older_than_the_acted_on_one_is_stale():
     sync = started(stamp=100)
     assert sync.on_observation(NEXT_OBS, 50) is None
-    assert counts(sync) == {Counter.STALE.value: 1}
+    assert counts(sync) == {"stale_messages": 1}
     assert sync.awaiting_step
 
 
@@ -118,7 +118,7 @@ def test_a_second_part_of_one_kind_is_a_duplicate(part):
     sync = started(stamp=100)
     assert deliver(sync, part, 101) is None
     assert deliver(sync, part, 102) is None
-    assert counts(sync) == {Counter.DUPLICATE.value: 1}
+    assert counts(sync) == {"duplicate_messages": 1}
     others = [p for p in ("reward", "done", "obs") if p != part]
     assert deliver(sync, others[0], 103) is None
     transition = deliver(sync, others[1], 104)
@@ -130,7 +130,7 @@ def test_a_republished_first_observation_is_a_duplicate_not_the_next_one():
     sync = started(stamp=100)
     # An environment that has not seen the action yet re-publishes its first state.
     assert sync.on_observation(OBS.copy(), 150) is None
-    assert counts(sync) == {Counter.DUPLICATE.value: 1}
+    assert counts(sync) == {"duplicate_messages": 1}
     sync.on_reward(REWARD, 151)
     sync.on_done(DONE, 152)
     transition = sync.on_observation(NEXT_OBS, 153)
@@ -142,7 +142,7 @@ def test_drop_forgets_the_outstanding_step_and_counts_it():
     assert sync.drop()
     assert not sync.awaiting_step
     assert not sync.drop(), "nothing outstanding: nothing to drop"
-    assert counts(sync) == {Counter.DROPPED.value: 1}
+    assert counts(sync) == {"steps_dropped": 1}
 
 
 def test_reset_forgets_the_outstanding_step():
@@ -151,5 +151,5 @@ def test_reset_forgets_the_outstanding_step():
     sync.reset()
     assert not sync.awaiting_step
     assert sync.on_done(DONE, 102) is None
-    assert sync.counters[Counter.STALE.value] == 1
+    assert sync.counters["stale_messages"] == 1
     assert not sync.expired(1e9), "a reset step is not also counted as dropped"

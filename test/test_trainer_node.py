@@ -40,7 +40,7 @@ from unilab_ros.rl.bundle import read_policy
 from unilab_ros.rl.checkpoint import Checkpoint
 from unilab_ros.rl.policy import PolicySampler
 from unilab_ros.rl.ppo_runtime import PPORuntimeConfig
-from unilab_ros.trainer_node import TrainerNode
+from unilab_ros.trainer.node import TrainerNode
 
 pytestmark = pytest.mark.ros
 
@@ -133,7 +133,7 @@ class FakeEnv:
     def part_received(self, part: str) -> bool:
         # White-box on purpose: waiting for the synchroniser to hold each part is what makes
         # the arrival order the one the test asks for (DDS would otherwise reorder topics).
-        pending = self.trainer.loop.sync._pending
+        pending = self.trainer.loop.robots[0].source._pending
         field = {"reward": "reward", "done": "done", "obs": "next_obs"}[part]
         return pending is not None and getattr(pending, field) is not None
 
@@ -220,7 +220,7 @@ def test_every_message_order_stores_the_right_steps_and_updates(make_env, tmp_pa
         reward, next_obs = env.rng.normal(size=NUM_ENVS), env.new_obs()
         action = env.step(reward=reward, next_obs=next_obs, order=order)
         assert not is_safe(action)
-        assert env.trainer.agent.buffer.step == t + 1
+        assert env.trainer.loop.stored_steps == t + 1
         sent_actions.append(action)
         observations.append(next_obs)
         rewards.append(reward)
@@ -239,34 +239,34 @@ def test_every_message_order_stores_the_right_steps_and_updates(make_env, tmp_pa
     env.step(order=("reward", "obs", "done"), expected_actions=2)
     assert env.trainer.agent.iteration == 1
     assert is_safe(env.actions[count]) and not is_safe(env.actions[count + 1])
-    assert env.trainer.agent.buffer.step == 0
-    assert env.trainer.loop.sync.counters["steps_completed"] == NUM_STEPS
-    assert env.trainer.loop.sync.counters["steps_dropped"] == 0
+    assert env.trainer.loop.stored_steps == 0
+    assert env.trainer.loop.step_counters["steps_completed"] == NUM_STEPS
+    assert env.trainer.loop.step_counters["steps_dropped"] == 0
     assert env.trainer.last_metrics["env_steps"] == NUM_STEPS * NUM_ENVS
     metrics_csv = (tmp_path / "checkpoints" / "metrics.csv").read_text().splitlines()
     assert len(metrics_csv) == 2, "a header and one row per iteration"
     # Collection goes on into the next rollout.
     env.step()
-    assert env.trainer.agent.buffer.step == 1
+    assert env.trainer.loop.stored_steps == 1
 
 
 def test_a_missing_reward_drops_the_step_after_step_timeout(make_env):
     env = make_env(step_timeout=0.3)
     env.start()
     env.step()
-    assert env.trainer.agent.buffer.step == 1
+    assert env.trainer.loop.stored_steps == 1
     count = len(env.action_msgs)
     env.publish("done", np.zeros(NUM_ENVS, np.uint8))
     next_obs = env.new_obs()
     env.publish("obs", next_obs)
-    assert env.spin_until(lambda: env.trainer.loop.sync.counters["steps_dropped"] == 1, 3.0)
-    assert env.trainer.agent.buffer.step == 1, "the incomplete step is not stored"
+    assert env.spin_until(lambda: env.trainer.loop.step_counters["steps_dropped"] == 1, 3.0)
+    assert env.trainer.loop.stored_steps == 1, "the incomplete step is not stored"
     # The segment is cut: the last stored step is bootstrapped as a time-out.
     assert env.trainer.agent.buffer.dones[0].tolist() == [2, 2]
     # The environment waits for an action at next_obs: the trainer acts on it.
     assert env.spin_until(lambda: len(env.action_msgs) > count, timeout=2.0)
     env.step()
-    assert env.trainer.agent.buffer.step == 2
+    assert env.trainer.loop.stored_steps == 2
     np.testing.assert_array_equal(env.trainer.agent.buffer.observations[1], next_obs)
 
 
@@ -284,9 +284,9 @@ def test_under_sim_time_a_paused_clock_drops_no_step(make_env):
     env.publish("done", np.zeros(NUM_ENVS, np.uint8))
     # Wall time passes well beyond step_timeout while the simulator is paused.
     env.spin_for(1.0)
-    assert env.trainer.loop.sync.counters["steps_dropped"] == 0
+    assert env.trainer.loop.step_counters["steps_dropped"] == 0
     publish_clock(101.0)
-    assert env.spin_until(lambda: env.trainer.loop.sync.counters["steps_dropped"] == 1, 3.0)
+    assert env.spin_until(lambda: env.trainer.loop.step_counters["steps_dropped"] == 1, 3.0)
 
 
 @pytest.mark.parametrize(
@@ -314,11 +314,11 @@ def test_bad_observations_are_rejected_without_action_or_storage(make_env, bad):
     assert env.spin_until(lambda: env.trainer.counters["rejected_observations"] == 2)
     env.spin_for(0.1)
     assert len(env.action_msgs) == 1
-    assert env.trainer.agent.buffer.step == 0
-    assert env.trainer.loop.sync.counters["steps_completed"] == 0
+    assert env.trainer.loop.stored_steps == 0
+    assert env.trainer.loop.step_counters["steps_completed"] == 0
     env.publish("obs", env.new_obs())
     assert env.spin_until(lambda: len(env.action_msgs) == 2)
-    assert env.trainer.agent.buffer.step == 1
+    assert env.trainer.loop.stored_steps == 1
 
 
 def test_bad_rewards_and_done_codes_are_rejected(make_env):
@@ -331,7 +331,7 @@ def test_bad_rewards_and_done_codes_are_rejected(make_env):
         and env.trainer.counters["rejected_dones"] == 1
     )
     env.step()
-    assert env.trainer.agent.buffer.step == 1
+    assert env.trainer.loop.stored_steps == 1
     assert np.isfinite(env.trainer.agent.buffer.rewards[0]).all()
     # A finite but huge reward is bad input too (reward_limit), not a return of 9e38.
     env.reward_pub.publish(Float32MultiArray(data=[1e38, 0.0]))
@@ -365,7 +365,7 @@ def test_the_watchdog_sends_the_safe_action_after_obs_timeout(make_env, use_sim_
     )
     assert all(is_safe(action) for action in env.actions[1:])
     assert env.trainer.counters["watchdog_trips"] == 1, "one trip per silence"
-    assert env.trainer.loop.sync.counters["steps_dropped"] == 1
+    assert env.trainer.loop.step_counters["steps_dropped"] == 1
     # The next observation starts a new segment.
     count = len(env.action_msgs)
     env.publish("obs", env.new_obs())
@@ -400,7 +400,7 @@ def test_float64_actions(make_env):
     assert isinstance(env.action_msgs[0], Float64MultiArray)
     assert action.shape == (NUM_ENVS, ACTION_DIM) and np.all(np.abs(action) <= 1.0)
     env.step()
-    assert env.trainer.agent.buffer.step == 1
+    assert env.trainer.loop.stored_steps == 1
 
 
 # Updates.
@@ -433,8 +433,8 @@ def test_messages_queued_during_the_update_are_discarded(make_env):
     # Collection restarted on the newest observation, with a fresh action.
     env.step()
     np.testing.assert_array_equal(env.trainer.agent.buffer.observations[0], late_obs)
-    assert env.trainer.agent.buffer.step == 1
-    assert env.trainer.loop.sync.counters["duplicate_messages"] == 0
+    assert env.trainer.loop.stored_steps == 1
+    assert env.trainer.loop.step_counters["duplicate_messages"] == 0
 
 
 def test_episode_end_trigger_waits_for_every_env_to_end(make_env):
@@ -443,7 +443,7 @@ def test_episode_end_trigger_waits_for_every_env_to_end(make_env):
     for _ in range(NUM_STEPS):
         env.step()
     assert env.trainer.status()["state"] == "waiting_for_episode_end"
-    assert env.trainer.agent.iteration == 0 and env.trainer.agent.buffer.step == NUM_STEPS
+    assert env.trainer.agent.iteration == 0 and env.trainer.loop.stored_steps == NUM_STEPS
     # Acting goes on without storing; env 1 ending alone is not enough.
     env.step(done=np.array([0, 1]))
     env.step(done=np.array([0, 0]))
@@ -493,7 +493,7 @@ def test_resume_from_continues_the_iteration_count(make_env, tmp_path):
 
 
 def _trainer_command(*ros_args: str) -> list[str]:
-    return [sys.executable, "-m", "unilab_ros.trainer_node", "--ros-args", *ros_args]
+    return [sys.executable, "-m", "unilab_ros.trainer", "--ros-args", *ros_args]
 
 
 def _subprocess_env(ros_domain_env: dict) -> dict:
@@ -610,7 +610,7 @@ def test_the_simulator_is_paused_for_the_update_and_resumed(make_env, service_ty
                 trainer.agent.iteration,
                 getattr(request, "data", None),
                 trainer.counters["safe_actions_published"],
-                trainer.loop.sync.awaiting_step,
+                trainer.loop.robots[0].source.awaiting_step,
             ))
             if hasattr(response, "success"):
                 response.success = True
@@ -663,7 +663,7 @@ def test_a_silent_pause_service_times_out_and_the_update_goes_on(make_env, conte
         assert is_safe(env.actions[NUM_STEPS]) and not is_safe(env.actions[NUM_STEPS + 1])
         assert env.trainer.status()["sim_service_failures"] == 2
         env.step()
-        assert env.trainer.agent.buffer.step == 1
+        assert env.trainer.loop.stored_steps == 1
     finally:
         silent.destroy_node()
 
@@ -700,8 +700,11 @@ def test_the_learning_rate_changes_while_running_and_bad_values_are_refused(make
     (result,) = set_remote(env, **{"ppo.learning_rate": 1e-4})
     assert result.successful
     assert env.trainer.agent.trainer.learning_rate == pytest.approx(1e-4)
-    (result,) = set_remote(env, **{"ppo.learning_rate": -1.0})
-    assert not result.successful and "positive" in result.reason
+    # Beyond the schedule's bounds: one Adam step at 1e9 wrecks the weights for good.
+    for bad in (-1.0, 0.0, 1e9, float("nan")):
+        (result,) = set_remote(env, **{"ppo.learning_rate": bad})
+        assert not result.successful and "ppo.min_learning_rate .. ppo.max_learning_rate" in (
+            result.reason)
     assert env.trainer.agent.trainer.learning_rate == pytest.approx(1e-4)
     assert get_remote(env, "ppo.learning_rate") == pytest.approx(1e-4)
     env.start()
@@ -771,7 +774,7 @@ def test_a_folder_that_refuses_writes_does_not_stop_training(make_env, tmp_path)
     for _ in range(NUM_STEPS + 1):
         env.step()
     trainer = env.trainer
-    assert trainer.agent.iteration == 1 and trainer._log.failures >= 1
+    assert trainer.agent.iteration == 1 and trainer.artifacts.metrics.failures >= 1
     response = env.call(Trigger, "save_checkpoint", Trigger.Request())
     assert not response.success and "saving failed" in response.message
     assert trainer.counters["save_failures"] >= 1
@@ -876,11 +879,11 @@ def test_estop_topic_and_export_bundle_service(make_env, tmp_path):
     estop.publish(Bool(data=True))
     assert env.spin_until(lambda: len(env.action_msgs) > count), "no action at the e-stop"
     assert is_safe(env.actions[-1]) and env.trainer.loop.estop
-    stored = env.trainer.agent.buffer.step
+    stored = env.trainer.loop.stored_steps
     # The outstanding step is forgotten: the next observation is answered safely.
     assert is_safe(env.start())
     assert is_safe(env.step())
-    assert env.trainer.agent.buffer.step == stored
+    assert env.trainer.loop.stored_steps == stored
     estop.publish(Bool(data=False))
     assert env.spin_until(lambda: not env.trainer.loop.estop)
     assert not is_safe(env.step())

@@ -11,24 +11,17 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
-from unilab_ros.action_safety import ActionSafetyConfig
+from unilab_ros.loop.action_safety import ActionSafetyConfig
+from unilab_ros.loop.config import LoopConfig
+from unilab_ros.loop.decisions import BeginUpdate, Finished, PublishAction, Save, StepDropped
+from unilab_ros.loop.training_loop import Phase, TrainingLoop
+from unilab_ros.loop.watchdog import WatchdogConfig
 from unilab_ros.rl.actions import ActionConfig, ActionMapper
 from unilab_ros.rl.agent import AgentConfig, PPOAgent
 from unilab_ros.rl.best import BestPolicy
 from unilab_ros.rl.model import ModelConfig
 from unilab_ros.rl.ppo import PPOConfig
 from unilab_ros.rl.ppo_runtime import PPORuntimeConfig
-from unilab_ros.training_loop import (
-    BeginUpdate,
-    Finished,
-    LoopConfig,
-    Phase,
-    PublishAction,
-    Save,
-    StepDropped,
-    TrainingLoop,
-)
-from unilab_ros.watchdog import WatchdogConfig
 
 NUM_ENVS, OBS_DIM, ACTION_DIM, NUM_STEPS = 2, 3, 1, 4
 SAFE = 0.25
@@ -75,10 +68,10 @@ class Driver:
     def deliver(self, part: str, value: np.ndarray):
         self.stamp += 1
         if part == "reward":
-            return self.loop.on_reward(value, self.stamp, self.now)
+            return one(self.loop.on_reward(0, value, self.stamp, self.now))
         if part == "done":
-            return self.loop.on_done(value, self.stamp, self.now)
-        return self.loop.on_observation(value, self.stamp, self.now, self.now)
+            return one(self.loop.on_done(0, value, self.stamp, self.now))
+        return one(self.loop.on_observation(0, value, self.stamp, self.now, self.now))
 
     def start(self, obs: np.ndarray | None = None) -> PublishAction:
         decision = self.deliver("obs", self.new_obs() if obs is None else obs)
@@ -99,7 +92,16 @@ class Driver:
 
     def update(self) -> Save | None:
         self.loop.update()
-        return self.loop.after_update()
+        return one(self.loop.after_update())
+
+
+def one(decisions: list):
+    """The one robot's decision: None for none, the decision for one, else all of them."""
+    return decisions[0] if len(decisions) == 1 else decisions or None
+
+
+def one_estop(driver: Driver, engaged: bool):
+    return one(driver.loop.set_estop(engaged))
 
 
 def is_safe(command: np.ndarray) -> bool:
@@ -115,7 +117,7 @@ def test_every_order_of_the_parts_stores_the_step_the_action_answered():
         reward, next_obs = driver.rng.normal(size=NUM_ENVS), driver.new_obs()
         decision = driver.step(reward=reward, next_obs=next_obs, order=order)
         assert isinstance(decision, PublishAction) and not is_safe(decision.command)
-        assert driver.agent.buffer.step == t + 1
+        assert driver.loop.stored_steps == t + 1
         acted.append(decision)
         observations.append(next_obs)
         rewards.append(reward)
@@ -140,8 +142,8 @@ def test_the_filling_step_begins_an_update_and_resume_acts_on_the_newest_observa
     assert driver.deliver("obs", newest) is None
     assert driver.loop.counters["discarded_during_update"] == 2
     assert driver.update() is None, "no checkpoint due at iteration 1 of 50"
-    assert driver.agent.iteration == 1 and driver.agent.buffer.step == 0
-    decision = driver.loop.resume(driver.now, driver.now)
+    assert driver.agent.iteration == 1 and driver.loop.stored_steps == 0
+    decision = one(driver.loop.resume(driver.now, driver.now))
     assert isinstance(decision, PublishAction) and driver.loop.phase is Phase.COLLECTING
     driver.step()
     np.testing.assert_array_equal(driver.agent.buffer.observations[0], newest)
@@ -158,7 +160,7 @@ def test_the_update_bootstraps_from_the_filling_steps_next_observation(monkeypat
     update = driver.agent.update
     monkeypatch.setattr(driver.agent, "update", lambda obs: seen.append(obs) or update(obs))
     driver.loop.update()
-    assert seen[0] is last_obs
+    np.testing.assert_array_equal(seen[0], last_obs)
 
 
 def test_checkpoints_fall_due_at_the_interval_and_max_iterations_finishes():
@@ -170,7 +172,7 @@ def test_checkpoints_fall_due_at_the_interval_and_max_iterations_finishes():
             driver.step()
         assert isinstance(driver.step(), BeginUpdate)
         saves.append(driver.update())
-        decision = driver.loop.resume(driver.now, driver.now)
+        decision = one(driver.loop.resume(driver.now, driver.now))
     assert saves == [None, Save("interval")]
     assert isinstance(decision, Finished) and driver.loop.phase is Phase.FINISHED
     assert driver.deliver("obs", driver.new_obs()) is None, "a finished loop no longer acts"
@@ -195,12 +197,12 @@ def test_a_late_step_is_dropped_the_segment_cut_and_the_newest_observation_acted
     newest = driver.new_obs()
     driver.deliver("obs", newest)
     driver.now = acted_at + STEP_TIMEOUT
-    assert driver.loop.check_step_deadline(driver.now) is None, "the deadline is in time"
+    assert driver.loop.check_step_deadlines(driver.now) == [], "the deadline is in time"
     driver.now += 0.01
-    dropped = driver.loop.check_step_deadline(driver.now)
-    assert isinstance(dropped, StepDropped) and isinstance(dropped.then, PublishAction)
-    assert driver.loop.sync.counters["steps_dropped"] == 1
-    assert driver.agent.buffer.step == 1, "the incomplete step is not stored"
+    dropped, then = driver.loop.check_step_deadlines(driver.now)
+    assert dropped == StepDropped(0) and isinstance(then, PublishAction)
+    assert driver.loop.step_counters["steps_dropped"] == 1
+    assert driver.loop.stored_steps == 1, "the incomplete step is not stored"
     assert driver.agent.buffer.dones[0].tolist() == [2, 2], "cut: bootstrapped as a time-out"
     driver.step()
     np.testing.assert_array_equal(driver.agent.buffer.observations[1], newest)
@@ -210,31 +212,31 @@ def test_a_late_step_with_no_newer_observation_acts_on_nothing():
     driver = Driver()
     driver.start()
     driver.now += STEP_TIMEOUT + 0.01
-    assert driver.loop.check_step_deadline(driver.now) == StepDropped(None)
+    assert driver.loop.check_step_deadlines(driver.now) == [StepDropped(0)]
 
 
 def test_the_watchdog_trips_once_per_silence_drops_the_step_and_cuts_the_segment():
     driver = Driver()
-    assert driver.loop.check_watchdog(100.0) is None, "no observation yet: nothing to miss"
+    assert one(driver.loop.check_watchdogs(100.0)) is None, "no observation yet: nothing to miss"
     driver.start()
     driver.step()
-    assert driver.loop.check_watchdog(driver.now + OBS_TIMEOUT) is None
-    first = driver.loop.check_watchdog(driver.now + OBS_TIMEOUT + 0.01)
-    again = driver.loop.check_watchdog(driver.now + OBS_TIMEOUT + 0.2)
+    assert one(driver.loop.check_watchdogs(driver.now + OBS_TIMEOUT)) is None
+    first = one(driver.loop.check_watchdogs(driver.now + OBS_TIMEOUT + 0.01))
+    again = one(driver.loop.check_watchdogs(driver.now + OBS_TIMEOUT + 0.2))
     assert first.first and first.publish_safe and not again.first and again.publish_safe
     assert driver.loop.counters["watchdog_trips"] == 1
-    assert driver.loop.sync.counters["steps_dropped"] == 1
+    assert driver.loop.step_counters["steps_dropped"] == 1
     assert driver.agent.buffer.dones[0].tolist() == [2, 2]
     # The next observation starts a new segment; a later silence is a new trip.
     assert isinstance(driver.deliver("obs", driver.new_obs()), PublishAction)
-    assert driver.loop.check_watchdog(driver.now + OBS_TIMEOUT + 0.01).first
+    assert one(driver.loop.check_watchdogs(driver.now + OBS_TIMEOUT + 0.01)).first
 
 
 def test_the_watchdog_without_the_safe_action_only_reports():
     driver = Driver()
-    driver.loop.watchdog.cfg.watchdog_safe_action = False
+    driver.loop.robots[0].watchdog.cfg.watchdog_safe_action = False
     driver.start()
-    silence = driver.loop.check_watchdog(OBS_TIMEOUT + 1.0)
+    silence = one(driver.loop.check_watchdogs(OBS_TIMEOUT + 1.0))
     assert silence.first and not silence.publish_safe
 
 
@@ -251,12 +253,12 @@ def test_a_non_finite_model_sends_the_safe_action_and_restores_the_last_good_one
     restored = dict(tree_flatten(driver.agent.model.parameters()))
     assert all(np.array_equal(np.array(restored[k]), good[k]) for k in good)
     # The step the safe action answered is not learned from; the next ones are.
-    stored = driver.agent.buffer.step
+    stored = driver.loop.stored_steps
     decision = driver.step()
     assert not decision.nonfinite and np.isfinite(decision.command).all()
-    assert driver.agent.buffer.step == stored
+    assert driver.loop.stored_steps == stored
     driver.step()
-    assert driver.agent.buffer.step == stored + 1
+    assert driver.loop.stored_steps == stored + 1
 
 
 def test_training_off_acts_without_storing():
@@ -267,10 +269,10 @@ def test_training_off_acts_without_storing():
     assert driver.agent.buffer.dones[0].tolist() == [2, 2], "switching off cuts the segment"
     for _ in range(NUM_STEPS + 1):
         assert isinstance(driver.step(), PublishAction)
-    assert driver.agent.buffer.step == 1 and driver.agent.iteration == 0
+    assert driver.loop.stored_steps == 1 and driver.agent.iteration == 0
     driver.loop.set_training(True)
     driver.step()
-    assert driver.agent.buffer.step == 2
+    assert driver.loop.stored_steps == 2
 
 
 def test_deterministic_mode_gives_the_mean_action_and_stores_nothing():
@@ -279,7 +281,7 @@ def test_deterministic_mode_gives_the_mean_action_and_stores_nothing():
     x, y = driver.new_obs(), driver.new_obs()
     sampled = [driver.step(next_obs=x), driver.step(next_obs=y), driver.step(next_obs=x)]
     assert not np.array_equal(sampled[0].command, sampled[2].command), "samples differ"
-    stored = driver.agent.buffer.step
+    stored = driver.loop.stored_steps
     driver.loop.set_deterministic(True)
     # The action outstanding was sampled: its step completes, then the mean actions begin.
     driver.step(next_obs=y)
@@ -287,14 +289,13 @@ def test_deterministic_mode_gives_the_mean_action_and_stores_nothing():
     np.testing.assert_array_equal(first.command, second.command)
     expected = driver.loop.actions(driver.agent.act(x, deterministic=True))
     np.testing.assert_allclose(first.command, expected, rtol=1e-6)
-    assert driver.agent.buffer.step == stored
+    assert driver.loop.stored_steps == stored
 
 
 def test_a_new_learning_rate_reaches_the_optimizer():
     driver = Driver()
-    driver.loop.set_learning_rate(1e-4)
+    driver.agent.set_learning_rate(1e-4)
     assert driver.agent.trainer.learning_rate == pytest.approx(1e-4)
-    assert driver.agent.ppo_cfg.learning_rate == 1e-4
 
 
 def test_episode_end_waits_for_every_env_to_end_then_updates():
@@ -303,7 +304,7 @@ def test_episode_end_waits_for_every_env_to_end_then_updates():
     for _ in range(NUM_STEPS):
         assert isinstance(driver.step(), PublishAction)
     assert driver.loop.phase is Phase.EPISODE_END
-    assert driver.agent.buffer.step == NUM_STEPS
+    assert driver.loop.stored_steps == NUM_STEPS
     # Acting goes on without storing; env 1 ending alone is not enough.
     assert isinstance(driver.step(done=[0, 1]), PublishAction)
     assert isinstance(driver.step(done=[0, 0]), PublishAction)
@@ -358,7 +359,7 @@ def test_guarded_actions_are_stored_as_sent_with_the_acting_policys_log_prob():
     for _ in range(NUM_STEPS - 1):
         sent.append(driver.step().command)
     buffer = driver.agent.buffer
-    assert buffer.step == NUM_STEPS - 1
+    assert driver.loop.stored_steps == NUM_STEPS - 1
     assert driver.loop.counters["guarded_actions"] == NUM_STEPS
     # The first command is within 0.05 of the safe action, each next one within 0.05.
     assert np.all(np.abs(np.diff(np.stack([np.full_like(sent[0], SAFE), *sent]), axis=0))
@@ -391,11 +392,11 @@ def test_the_estop_sends_the_safe_action_cuts_the_rollout_and_learns_nothing_unt
         driver.step()  # blended in and free after 4 steps; the 4-step rollout updates
     assert driver.loop.phase is Phase.UPDATING
     driver.update()
-    driver.loop.resume(driver.now, driver.now)
+    one(driver.loop.resume(driver.now, driver.now))
     driver.step(reward=[1.0, 1.0])
-    assert driver.agent.buffer.step == 1
+    assert driver.loop.stored_steps == 1
     episodes = driver.loop.stats.episodes
-    engaged = driver.loop.set_estop(True)
+    engaged = one_estop(driver, True)
     assert isinstance(engaged, PublishAction) and engaged.estop and is_safe(engaged.command)
     # The stored step became a time-out: no return runs across the stop.
     assert driver.agent.buffer.dones[0].tolist() == [2, 2]
@@ -406,16 +407,16 @@ def test_the_estop_sends_the_safe_action_cuts_the_rollout_and_learns_nothing_unt
     for _ in range(3):
         decision = driver.step(done=[1, 1])
         assert decision.estop and is_safe(decision.command)
-    assert driver.agent.buffer.step == 1
+    assert driver.loop.stored_steps == 1
     assert driver.loop.stats.episodes == episodes
-    assert driver.loop.set_estop(False) is None
+    assert one_estop(driver, False) is None
     # The step of the last safe action completes; the policy then blends back in.
     released = driver.step()
     assert not released.estop and not is_safe(released.command)
-    assert driver.loop.guard.blending  # 1 of the 4 blend-in steps taken
-    assert driver.agent.buffer.step == 1  # the safe action's step is not learned from
+    assert driver.loop.robots[0].guard.blending  # 1 of the 4 blend-in steps taken
+    assert driver.loop.stored_steps == 1  # the safe action's step is not learned from
     driver.step()
-    assert driver.agent.buffer.step == 2
+    assert driver.loop.stored_steps == 2
     np.testing.assert_allclose(driver.agent.buffer.actions[1], released.command, rtol=1e-6)
 
 
@@ -425,8 +426,8 @@ def test_an_estop_during_the_update_holds_the_safe_action_after_it():
     for _ in range(NUM_STEPS - 1):
         driver.step()
     assert isinstance(driver.step(), BeginUpdate)
-    assert is_safe(driver.loop.set_estop(True).command)
+    assert is_safe(one_estop(driver, True).command)
     driver.update()
-    assert driver.agent.buffer.step == 0 and driver.agent.iteration == 1
-    decision = driver.loop.resume(driver.now, driver.now)
+    assert driver.loop.stored_steps == 0 and driver.agent.iteration == 1
+    decision = one(driver.loop.resume(driver.now, driver.now))
     assert decision.estop and is_safe(decision.command)

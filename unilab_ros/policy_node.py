@@ -26,8 +26,10 @@ from std_msgs.msg import Bool, Float32MultiArray, String
 from std_srvs.srv import SetBool
 
 from unilab_ros.action_output import ActionOutput, ActionOutputConfig
-from unilab_ros.action_safety import ActionGuard, ActionSafetyConfig
 from unilab_ros.executors import run_node
+from unilab_ros.loop.action_safety import ActionGuard, ActionSafetyConfig
+from unilab_ros.loop.counters import Counters
+from unilab_ros.loop.watchdog import Watchdog, WatchdogConfig
 from unilab_ros.messages import MessageError, read_matrix
 from unilab_ros.params import (
     ConfigError,
@@ -40,7 +42,6 @@ from unilab_ros.rl.actions import ActionConfig, ActionMapper, override_actions
 from unilab_ros.rl.bundle import read_policy
 from unilab_ros.rl.model import MLPActorCritic
 from unilab_ros.rl.policy import PolicySampler
-from unilab_ros.watchdog import Watchdog, WatchdogConfig
 
 NODE_NAME = "unilab_policy"
 
@@ -93,10 +94,9 @@ class PolicyNode(LifecycleNode):
         self.safety_cfg = read_config(self, ActionSafetyConfig)
         self.output_cfg = read_config(self, ActionOutputConfig)
         self.watchdog = Watchdog(read_config(self, WatchdogConfig))
-        self.counters = {
-            "actions": 0, "rejected_observations": 0, "watchdog_trips": 0,
-            "nonfinite_actions": 0, "estops": 0,
-        }
+        self.counters = Counters(
+            ("actions", "rejected_observations", "watchdog_trips", "nonfinite_actions", "estops")
+        )
         self.estopped = False
         self._qos = QoSProfile(depth=self.cfg.qos_depth)
         self._steady = Clock(clock_type=ClockType.STEADY_TIME)
@@ -195,7 +195,7 @@ class PolicyNode(LifecycleNode):
             return
         self.estopped = engaged
         if engaged:
-            self.counters["estops"] += 1
+            self.counters.add("estops")
             self.get_logger().warning("e-stop engaged: holding the safe action")
             if self.state == "active":
                 self._publish(self.guard.hold())
@@ -210,7 +210,7 @@ class PolicyNode(LifecycleNode):
                 msg, self.cfg.num_envs, self.model.obs_dim, limit=self.cfg.observation_limit
             )
         except MessageError as error:
-            self.counters["rejected_observations"] += 1
+            self.counters.add("rejected_observations")
             self.get_logger().warning(
                 f"rejected observation: {error.reason}", throttle_duration_sec=5.0
             )
@@ -219,26 +219,23 @@ class PolicyNode(LifecycleNode):
         if self.estopped:
             self._publish(self.guard.hold())
             return
-        actions = self.actions(self.sampler(obs, self.cfg.deterministic))
-        if np.isfinite(actions).all():
-            self._publish(self.guard(actions))
-        else:
-            # Whatever the model holds, no NaN or Inf reaches the robot.
-            self._publish(self.guard.hold())
-            self.counters["nonfinite_actions"] += 1
+        command, finite = self.guard.command(self.actions(self.sampler(obs,
+                                                                   self.cfg.deterministic)))
+        self._publish(command)
+        if not finite:
             self.get_logger().error(
-                f"the policy gave a non-finite action ({self.counters['nonfinite_actions']} "
+                f"the policy gave a non-finite action ({self.counters.add('nonfinite_actions')} "
                 "so far): the safe action was sent instead",
                 throttle_duration_sec=5.0,
             )
-        self.counters["actions"] += 1
+        self.counters.add("actions")
 
     def _watchdog(self) -> None:
         silence = self.watchdog.check(time.monotonic()) if self.state == "active" else None
         if silence is None:
             return
         if silence.first:
-            self.counters["watchdog_trips"] += 1
+            self.counters.add("watchdog_trips")
             self.get_logger().warning(f"no observation for {self.watchdog.cfg.obs_timeout}s")
         if silence.publish_safe:
             self._publish(self.guard.hold())

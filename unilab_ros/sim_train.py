@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         node_command("unilab_ros.gym_env_node", params_file, bridge_overrides), env=env
     )
     trainer = subprocess.Popen(
-        node_command("unilab_ros.trainer_node", params_file, trainer_overrides), env=env
+        node_command("unilab_ros.trainer", params_file, trainer_overrides), env=env
     )
     start = time.monotonic()
     # SIGTERM (systemd, docker stop, a launch system) stops the run as Ctrl-C does: the

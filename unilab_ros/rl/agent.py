@@ -124,11 +124,10 @@ class PPOAgent:
         self._acted = (actions, self.sampler.last_mean, self.sampler.last_std)
         return actions
 
-    def sent_instead(self, actions: np.ndarray) -> None:
-        """A safety stage sent other actions than the latest ``act`` gave: ``record``
-        stores these (policy units) with the acting policy's log-prob of them."""
-        _, mean, std = self._acted
-        self._acted = (actions, mean, std)
+    def set_learning_rate(self, rate: float) -> None:
+        """A new learning rate, live: the adaptive schedule goes on from it, and the next
+        checkpoint stores it with the optimizer."""
+        self.trainer.learning_rate = rate
 
     def record(
         self, obs: np.ndarray, actions: np.ndarray, rewards: np.ndarray, dones: np.ndarray
@@ -170,10 +169,6 @@ class PPOAgent:
             mean=step.mean, std=step.std,
         )
         self.env_steps += len(envs)
-
-    def cut(self) -> None:
-        """End every env's segment at the last stored step (bootstrapped as a time-out)."""
-        self.buffer.truncate_last()
 
     @property
     def rollout_full(self) -> bool:

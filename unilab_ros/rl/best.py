@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 import numpy as np
 
@@ -16,20 +15,15 @@ class BestPolicy:
 
     Offered the agent after every update, it remembers the model's arrays (MLX arrays
     are immutable, so this costs references) and the iteration whenever that rolling
-    mean beats the best so far; ``on_new_best`` then runs (the trainer node saves
-    ``best.safetensors`` there). The rolling mean lags the policy by the episodes it
+    mean beats the best so far (``offer`` says so; the trainer then saves
+    ``best.safetensors``). The rolling mean lags the policy by the episodes it
     spans, so the kept policy is the one acting when a window of good episodes closed.
     """
 
-    def __init__(
-        self,
-        min_episodes: int = 100,
-        on_new_best: Callable[[PPOAgent], None] | None = None,
-    ) -> None:
+    def __init__(self, min_episodes: int = 100) -> None:
         if min_episodes < 1:
             raise ValueError("min_episodes must be >= 1")
         self.min_episodes = min_episodes
-        self.on_new_best = on_new_best
         self.mean_return = -math.inf
         self.iteration = 0
         self.env_steps = 0
@@ -47,6 +41,4 @@ class BestPolicy:
         self.iteration = agent.iteration
         self.env_steps = agent.env_steps
         self.parameters = agent.model.parameters()
-        if self.on_new_best is not None:
-            self.on_new_best(agent)
         return True

@@ -144,18 +144,6 @@ class RolloutBuffer:
         last = self.dones[steps, envs]
         self.dones[steps, envs] = np.where(last == RUNNING, TRUNCATED, last)
 
-    def truncate_last(self, env_mask: np.ndarray | None = None) -> None:
-        """Mark the latest step of the masked envs (all by default) as a time-out.
-
-        Used when the stream of steps is cut (a dropped step, an update pause), so
-        GAE never runs across the gap.
-        """
-        if self.step == 0:
-            return
-        last = self.dones[self.step - 1]
-        cut = np.ones(self.num_envs, bool) if env_mask is None else np.asarray(env_mask, bool)
-        last[cut & (last == RUNNING)] = TRUNCATED
-
     def set_policy_outputs(
         self, log_probs: Any, action_mean: Any, action_std: Any, values: Any
     ) -> None:

@@ -65,6 +65,14 @@ class ActionGuard:
         self._blend_step = 0
         return self.last
 
+    def command(self, target: np.ndarray) -> tuple[np.ndarray, bool]:
+        """What to send for the mapped policy actions ``target``, and whether they were
+        finite: whatever the model holds, no NaN or Inf reaches the robot (the safe action
+        goes out instead, and the policy blends in again after it)."""
+        if np.isfinite(target).all():
+            return self(target), True
+        return self.hold(), False
+
     def __call__(self, target: np.ndarray) -> np.ndarray:
         """The action to send for the policy's ``target``."""
         action = np.asarray(target, np.float32)

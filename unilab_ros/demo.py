@@ -4,8 +4,9 @@ pendulum_demo --iterations 100
 pendulum_demo --params-file config/inverted_pendulum.yaml --seed 2
 
 The run reads the same params file as the nodes (config/pendulum.yaml by default), steps
-the bridge's own vector env and decides through the trainer node's own ``TrainingLoop``,
-so it learns what ``sim_train`` learns (the same curve, bit for bit), minus ROS.
+the bridge's own vector env and decides through a session built as the trainer node
+builds its own (``trainer.session``), so it learns what ``sim_train`` learns (the same
+curve, bit for bit), minus ROS.
 """
 
 from __future__ import annotations
@@ -16,15 +17,16 @@ from collections.abc import Callable
 from pathlib import Path
 
 from unilab_ros.gym_vector import GymVectorSim
+from unilab_ros.loop.config import LoopConfig
+from unilab_ros.loop.decisions import BeginUpdate, PublishAction
 from unilab_ros.paths import config_file
-from unilab_ros.rl.actions import ActionMapper
 from unilab_ros.rl.agent import PPOAgent
 from unilab_ros.rl.best import BestPolicy
 from unilab_ros.rl.blas import blas_description
 from unilab_ros.rl.episodes import EpisodeStats
-from unilab_ros.rl.finetune import FineTuneConfig, make_agent
+from unilab_ros.rl.finetune import FineTuneConfig
 from unilab_ros.rl.setup_file import TrainingSetup, load_setup
-from unilab_ros.training_loop import BeginUpdate, LoopConfig, PublishAction, TrainingLoop
+from unilab_ros.trainer.session import SessionConfig, build_session
 
 IterationCallback = Callable[[PPOAgent, EpisodeStats, dict[str, float]], None]
 
@@ -42,37 +44,36 @@ def train(
     cfg = setup.agent
     sim = GymVectorSim(setup.env_id, cfg.num_envs, cfg.seed, setup.max_episode_steps)
     try:
-        to_env = ActionMapper(setup.actions, cfg.num_envs, cfg.action_dim)
-        agent, _ = make_agent(
-            cfg, setup.model, setup.ppo, to_env.policy_bounds(), setup.actions, fine_tune,
-            setup.runtime,
-        )
-        # Checkpoints are the caller's (on_iteration); the loop only stops the run.
-        loop_cfg = LoopConfig(
-            checkpoint_interval=0, max_iterations=agent.iteration + iterations
-        )
-        loop = TrainingLoop(loop_cfg, agent, to_env, best=best)
+        # Checkpoints are the caller's (on_iteration); the loop only stops the run. A
+        # fine-tuning run starts counting at 0, as a fresh one does.
+        session = build_session(SessionConfig(
+            cfg, setup.model, setup.ppo, setup.runtime, setup.actions,
+            LoopConfig(checkpoint_interval=0, max_iterations=iterations),
+            fine_tune=fine_tune or FineTuneConfig(),
+        ), best)
+        loop, agent = session.loop, session.loop.agent
         # One clock for everything: steps never time out, the watchdog never fires, and
         # each step's parts share a stamp that orders it after the action.
         stamp, now = 0, 0.0
-        decision = loop.on_observation(sim.reset(), stamp, now, now)
-        while agent.iteration < loop_cfg.max_iterations:
-            if isinstance(decision, BeginUpdate):
+        decisions = loop.on_observation(0, sim.reset(), stamp, now, now)
+        while agent.iteration < iterations:
+            if any(isinstance(decision, BeginUpdate) for decision in decisions):
                 metrics = loop.update()
                 loop.after_update()
                 if on_iteration is not None:
                     on_iteration(agent, loop.stats, metrics)
-                decision = loop.resume(now, now)
+                decisions = loop.resume(now, now)
                 continue
-            if not isinstance(decision, PublishAction):
+            actions = [d for d in decisions if isinstance(d, PublishAction)]
+            if not actions:
                 raise RuntimeError(
-                    f"step {stamp} was not paired (see the counters: {loop.sync.counters})"
+                    f"step {stamp} was not paired (see the counters: {loop.step_counters})"
                 )
-            step = sim.step(decision.command)
+            step = sim.step(actions[0].command)
             stamp += 1
-            loop.on_reward(step.reward, stamp, now)
-            loop.on_done(step.done, stamp, now)
-            decision = loop.on_observation(step.observation, stamp, now, now)
+            loop.on_reward(0, step.reward, stamp, now)
+            loop.on_done(0, step.done, stamp, now)
+            decisions = loop.on_observation(0, step.observation, stamp, now, now)
         return agent, loop.stats
     finally:
         sim.close()

@@ -1,4 +1,10 @@
-"""Pairs each published action with the reward, done and next observation it caused.
+"""Step sources, and the topic contract's: each published action paired with the reward,
+done and next observation it caused.
+
+A step source tells the training loop when a robot's step started (``SegmentStart``: act
+on this observation) and when it completed (``Transition``); ``StepSource`` is what the
+loop asks of one. ``StepSync`` is the source of the topic contract, which pairs arrays
+that arrive on their own.
 
 ROS-free: the trainer node feeds it validated arrays with their reception stamps
 and the node clock's time, and acts on what it returns. The three parts of a step
@@ -17,18 +23,33 @@ may arrive in any order. Rules, each counted:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
+from typing import Protocol
 
 import numpy as np
 
+from unilab_ros.loop.counters import Counters
 
-class Counter(str, Enum):
-    """Names of the stepper's counters (also the diagnostics keys)."""
+STEP_COUNTERS = ("steps_completed", "steps_dropped", "stale_messages", "duplicate_messages")
+"""The pairing's counters (also the diagnostics keys)."""
 
-    COMPLETED = "steps_completed"
-    DROPPED = "steps_dropped"
-    STALE = "stale_messages"
-    DUPLICATE = "duplicate_messages"
+
+class StepSource(Protocol):
+    """What the training loop needs of a robot's step source besides its events."""
+
+    counters: Counters
+
+    def action_sent(self, obs: np.ndarray, action: np.ndarray, obs_stamp: int,
+                    now: float) -> None:
+        """The loop acted on ``obs``: a step is outstanding until its deadline."""
+
+    def expired(self, now: float) -> bool:
+        """Drop the outstanding step if it is late; True when one was dropped."""
+
+    def drop(self) -> bool:
+        """Drop the outstanding step (counted), if any; True when one was dropped."""
+
+    def reset(self) -> None:
+        """Forget the outstanding step (around an update, on an e-stop)."""
 
 
 @dataclass(frozen=True)
@@ -69,7 +90,7 @@ class StepSync:
     """The step synchroniser; times are seconds on the node clock, stamps are ns."""
 
     step_timeout: float
-    counters: dict[str, int] = field(default_factory=lambda: {c.value: 0 for c in Counter})
+    counters: Counters = field(default_factory=lambda: Counters(STEP_COUNTERS))
     _pending: _Pending | None = None
 
     @property
@@ -88,9 +109,9 @@ class StepSync:
         if pending is None:
             return SegmentStart(obs, stamp)
         if stamp < pending.obs_stamp:
-            return self._count(Counter.STALE)
+            return self._count("stale_messages")
         if pending.next_obs is not None or np.array_equal(obs, pending.obs):
-            return self._count(Counter.DUPLICATE)
+            return self._count("duplicate_messages")
         pending.next_obs, pending.next_obs_stamp = obs, stamp
         return self._complete()
 
@@ -103,9 +124,9 @@ class StepSync:
     def _fill(self, part: str, value: np.ndarray, stamp: int) -> Transition | None:
         pending = self._pending
         if pending is None or stamp < pending.obs_stamp:
-            return self._count(Counter.STALE)
+            return self._count("stale_messages")
         if getattr(pending, part) is not None:
-            return self._count(Counter.DUPLICATE)
+            return self._count("duplicate_messages")
         setattr(pending, part, value)
         return self._complete()
 
@@ -124,7 +145,7 @@ class StepSync:
         if self._pending is None:
             return False
         self._pending = None
-        self.counters[Counter.DROPPED.value] += 1
+        self.counters.add("steps_dropped")
         return True
 
     def _complete(self) -> Transition | None:
@@ -137,7 +158,7 @@ class StepSync:
         ):
             return None
         self._pending = None
-        self.counters[Counter.COMPLETED.value] += 1
+        self.counters.add("steps_completed")
         return Transition(
             pending.obs,
             pending.action,
@@ -147,6 +168,6 @@ class StepSync:
             pending.next_obs_stamp,
         )
 
-    def _count(self, counter: Counter) -> None:
-        self.counters[counter.value] += 1
+    def _count(self, counter: str) -> None:
+        self.counters.add(counter)
         return None

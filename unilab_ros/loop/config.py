@@ -1,0 +1,37 @@
+"""When the trainer stores, updates and stops (ROS-free; declared as node parameters)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+UPDATE_TRIGGERS = ("rollout_full", "episode_end")
+
+
+@dataclass
+class LoopConfig:
+    """When the trainer stores, updates and stops."""
+
+    step_timeout: float = 1.0
+    """Seconds (node clock: sim time under use_sim_time) for reward, done and next
+    observation to follow an action; a late step is dropped and cuts the segment."""
+    update_trigger: str = "rollout_full"
+    """rollout_full: update as soon as the rollout is full; episode_end: then keep
+    acting without storing until every env's episode ends, and update while it resets."""
+    episode_end_timeout: float = 30.0
+    """Seconds (node clock) episode_end waits for the episodes to end before updating."""
+    checkpoint_interval: int = 50
+    """Save a checkpoint every this many iterations (and always on shutdown); 0: only then."""
+    max_iterations: int = 0
+    """Stop (and save) after this many iterations in total; 0 trains until stopped."""
+    training: bool = True
+    """Learn from the steps (else only act); see the ~/set_training service."""
+    deterministic: bool = False
+    """Act with the mean action (no learning from those steps); see ~/set_deterministic."""
+
+    def validate(self) -> None:
+        if self.step_timeout <= 0.0 or self.episode_end_timeout <= 0.0:
+            raise ValueError("step_timeout and episode_end_timeout must be positive")
+        if self.update_trigger not in UPDATE_TRIGGERS:
+            raise ValueError(f"update_trigger must be one of {UPDATE_TRIGGERS}")
+        if self.checkpoint_interval < 0 or self.max_iterations < 0:
+            raise ValueError("checkpoint_interval and max_iterations must be >= 0")

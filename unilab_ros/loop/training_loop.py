@@ -1,0 +1,440 @@
+"""The trainer's collect/update state machine for one robot or a fleet, ROS-free.
+
+``TrainingLoop`` owns what the trainer decides: episode statistics, the agent, whether a
+step is learned from, the episode-end wait, when to update and save, and what a late
+step, a silent robot or an e-stop mean. Its caller (the trainer node, or the in-process
+run) converts messages, keeps the clocks and carries out the returned decisions.
+
+Each robot (``robot.Robot``) is an environment of ``n`` rows with its own step source,
+action guard and watchdog, and steps at its own pace: the policy acts on a robot's
+observation as soon as its step is complete, and nobody waits for anybody. Robot r's
+envs are rows r*n..(r+1)*n-1 of the agent's ``num_envs``; its steps go into the shared
+rollout through ``LaneRollout``, so the rollout holds only steps that were taken. One
+robot is the plain case: its lanes are the rollout's columns.
+
+A robot whose step misses ``step_timeout`` stalls: its episodes in progress are cut
+(time-out bootstrap on its last stored steps, not logged), a fleet's other robots fill
+its free lanes, and its next observation (a restarted robot's first, or a re-published
+one) rejoins it. ``episode_end`` (finish every env's episode before updating) needs one
+robot: a stalled robot's episodes never end.
+
+Times: ``now`` is the node clock (sim time under use_sim_time) in seconds, ``steady`` a
+steady clock in seconds, ``stamp`` a message's reception time in ns.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+import numpy as np
+
+from unilab_ros.loop.action_safety import ActionGuard, ActionSafetyConfig
+from unilab_ros.loop.config import LoopConfig
+from unilab_ros.loop.counters import Counters
+from unilab_ros.loop.decisions import (
+    BeginUpdate,
+    Decision,
+    Finished,
+    PublishAction,
+    Save,
+    Silent,
+    StepDropped,
+)
+from unilab_ros.loop.robot import Robot
+from unilab_ros.loop.stepper import SegmentStart, StepSync, Transition
+from unilab_ros.loop.watchdog import Watchdog, WatchdogConfig
+from unilab_ros.rl.actions import ActionMapper
+from unilab_ros.rl.agent import PPOAgent, StepOfEnvs
+from unilab_ros.rl.best import BestPolicy
+from unilab_ros.rl.checkpoint import all_finite
+from unilab_ros.rl.episodes import EpisodeStats
+from unilab_ros.rl.lanes import LaneRollout
+
+COUNTERS = (
+    "rejected_observations",
+    "rejected_rewards",
+    "rejected_dones",
+    "discarded_during_update",
+    "watchdog_trips",
+    "safe_actions_published",
+    "nonfinite_actions",
+    "save_failures",
+    "save_requests_refused",
+    "estops",
+    "guarded_actions",
+)
+"""The trainer's counters besides the step sources', in their reporting order."""
+FLEET_COUNTERS = ("robot_stalls", "robot_rejoins")
+"""A fleet's counters besides those."""
+
+
+class Phase(str, Enum):
+    WAITING = "waiting_for_observation"
+    COLLECTING = "collecting"
+    EPISODE_END = "waiting_for_episode_end"
+    UPDATING = "updating"
+    FINISHED = "finished"
+
+
+class TrainingLoop:
+    """The trainer's decisions over one training session; see the module docstring."""
+
+    def __init__(
+        self,
+        cfg: LoopConfig,
+        agent: PPOAgent,
+        actions: ActionMapper,
+        robots: list[str] | None = None,
+        stats: EpisodeStats | None = None,
+        best: BestPolicy | None = None,
+        watchdog: WatchdogConfig | None = None,
+        safety: ActionSafetyConfig | None = None,
+    ) -> None:
+        """``robots``: a fleet's namespaces (none: one robot on the trainer's own topics);
+        ``actions`` maps one robot's rows (``num_envs`` = the agent's / robots)."""
+        cfg.validate()
+        self.fleet = bool(robots)
+        names = list(robots) if robots else [""]
+        if self.fleet and cfg.update_trigger != "rollout_full":
+            raise ValueError("a fleet updates when the rollout is full (update_trigger)")
+        per_robot, rest = divmod(agent.cfg.num_envs, len(names))
+        if rest or per_robot != actions.safe.shape[0]:
+            raise ValueError("the agent's num_envs must be robots x the robots' num_envs")
+        self.cfg = cfg
+        self.agent = agent
+        self.actions = actions
+        self.stats = stats or EpisodeStats(agent.cfg.num_envs)
+        self.best = best
+        self.counters = Counters(COUNTERS + (FLEET_COUNTERS if self.fleet else ()))
+        self.robots = [
+            Robot(name, np.arange(r * per_robot, (r + 1) * per_robot),
+                  StepSync(cfg.step_timeout),
+                  ActionGuard(safety or ActionSafetyConfig(), actions.safe),
+                  Watchdog(watchdog or WatchdogConfig()))
+            for r, name in enumerate(names)
+        ]
+        for robot in self.robots:
+            # Each robot stood at the safe action before its first command: blend in.
+            robot.guard.hold()
+        self.lanes = LaneRollout(agent)
+        self.estop = False
+        self.phase = Phase.WAITING
+        self.updates_run = 0
+        self._good_parameters = agent.model.parameters()
+        self._update_began = 0.0
+        self._episode_end_pending = np.zeros(agent.cfg.num_envs, bool)
+        self._episode_end_deadline = 0.0
+
+    @property
+    def learning(self) -> bool:
+        return self.cfg.training and not self.cfg.deterministic
+
+    @property
+    def step_counters(self) -> Counters:
+        """The robots' step-source counters, summed."""
+        return Counters.summed(robot.source.counters for robot in self.robots)
+
+    @property
+    def stalled_robots(self) -> list[str]:
+        return [robot.name for robot in self.robots if robot.stalled]
+
+    @property
+    def stored_steps(self) -> int:
+        """Steps of the rollout every env has stored so far."""
+        return int(self.lanes.filled.min())
+
+    def simulators_to_pause(self) -> list[int]:
+        """The robots whose simulators are paused around an update: not a stalled robot's
+        (none of its steps are taken, and a dead process's service can look ready for a
+        while, so each call would wait service_timeout)."""
+        return [r for r, robot in enumerate(self.robots) if not robot.stalled]
+
+    # Steps: the topic contract's messages go through each robot's StepSync; another
+    # step source hands its events to ``step``.
+
+    def on_observation(
+        self, r: int, obs: np.ndarray, stamp: int, now: float, steady: float
+    ) -> list[Decision]:
+        """A valid observation of robot ``r``."""
+        robot = self.robots[r]
+        robot.latest_obs = (obs, stamp)
+        robot.heard = now
+        robot.watchdog.observed(steady)
+        if self.phase is Phase.WAITING:
+            self.phase = Phase.COLLECTING
+        if not self._collecting():
+            return []
+        return self.step(r, robot.source.on_observation(obs, stamp), now)
+
+    def on_reward(self, r: int, reward: np.ndarray, stamp: int, now: float) -> list[Decision]:
+        """A valid reward of robot ``r``."""
+        robot = self.robots[r]
+        robot.heard = now
+        if not self._collecting():
+            return []
+        return self.step(r, robot.source.on_reward(reward, stamp), now)
+
+    def on_done(self, r: int, done: np.ndarray, stamp: int, now: float) -> list[Decision]:
+        """A valid done-code vector of robot ``r``."""
+        robot = self.robots[r]
+        robot.heard = now
+        if not self._collecting():
+            return []
+        return self.step(r, robot.source.on_done(done, stamp), now)
+
+    def step(
+        self, r: int, event: SegmentStart | Transition | None, now: float
+    ) -> list[Decision]:
+        """Robot ``r``'s step source says a segment starts (act on its observation) or a
+        step completed (learn from it, then act on the next observation)."""
+        match event:
+            case SegmentStart(obs=obs, stamp=stamp):
+                return [self._act(r, obs, stamp, now)]
+            case Transition() as step:
+                return self._complete(r, step, now)
+        return []
+
+    def _collecting(self) -> bool:
+        """True while steps are taken; a valid message that arrives during an update
+        (e.g. while the simulator's pause is awaited) is counted as discarded."""
+        if self.phase is Phase.UPDATING:
+            self.counters.add("discarded_during_update")
+        return self.phase in (Phase.COLLECTING, Phase.EPISODE_END)
+
+    def _complete(self, r: int, step: Transition, now: float) -> list[Decision]:
+        robot = self.robots[r]
+        if robot.acted_in_estop:
+            # A safe action the e-stop sent: not the policy's, not part of any logged
+            # episode (the stop cut them); the next action is the policy's after release.
+            return [self._act(r, step.next_obs, step.next_obs_stamp, now)]
+        self.stats.add(step.reward, step.done, robot.envs)
+        if (self.phase is Phase.COLLECTING and self.learning and robot.acted_by_sampling
+                and robot.policy_outputs is not None):
+            mean, std = robot.policy_outputs
+            stored = StepOfEnvs(step.obs, step.action, mean, std, step.reward, step.done)
+            if self.lanes.record(robot.envs, stored, step.next_obs):
+                if self.cfg.update_trigger != "episode_end":
+                    return [self._begin_update(now)]
+                self.phase = Phase.EPISODE_END
+                self._episode_end_pending[:] = True
+                self._episode_end_deadline = now + self.cfg.episode_end_timeout
+        # Not elif: an env whose episode ends on the step that fills the rollout has ended.
+        if self.phase is Phase.EPISODE_END:
+            self._episode_end_pending[robot.envs] &= step.done == 0
+            if not self._episode_end_pending.any() or now > self._episode_end_deadline:
+                return [self._begin_update(now)]
+        return [self._act(r, step.next_obs, step.next_obs_stamp, now)]
+
+    def _act(self, r: int, obs: np.ndarray, stamp: int, now: float) -> PublishAction:
+        robot = self.robots[r]
+        rejoined = robot.stalled and self.fleet
+        if robot.stalled:
+            robot.stalled = False
+            if self.fleet:
+                self.counters.add("robot_rejoins")
+        robot.acted_stamp = stamp
+        robot.acted_in_estop = self.estop
+        if self.estop:
+            # Paired like any step, so the environment's answer is not taken for the
+            # policy's; never learned from.
+            robot.acted_by_sampling = False
+            command = robot.guard.hold()
+            robot.source.action_sent(obs, self._in_policy_units(command), stamp, now)
+            return PublishAction(r, command, estop=True, rejoined=rejoined)
+        actions = self.agent.act(obs, deterministic=self.cfg.deterministic)
+        sampler = self.agent.sampler
+        robot.policy_outputs = (sampler.last_mean, sampler.last_std)
+        mapped = self.actions(actions)
+        command, finite = robot.guard.command(mapped)
+        restored = False
+        if finite:
+            actions = self._as_sent(actions, mapped, command)
+        else:
+            self.counters.add("nonfinite_actions")
+            restored = not all_finite(self.agent.model.parameters())
+            if restored:
+                self.agent.model.update(self._good_parameters)
+        robot.source.action_sent(obs, actions, stamp, now)
+        # A mean action is no sample of the policy, nor is a safe action sent in its place:
+        # PPO must not learn from their steps, even if deterministic mode is switched off
+        # before the step completes.
+        robot.acted_by_sampling = finite and not self.cfg.deterministic
+        return PublishAction(r, command, not finite, restored, rejoined=rejoined)
+
+    def _as_sent(
+        self, actions: np.ndarray, mapped: np.ndarray, command: np.ndarray
+    ) -> np.ndarray:
+        """The policy actions PPO stores for ``command``: where the guard (blend-in,
+        smoothing, rate limit) changed the mapped action, what was sent, in policy units
+        (stored with the acting policy's log-prob of it); elsewhere the policy's own
+        action (unclipped, as the bounds loss expects)."""
+        changed = command != mapped
+        if not changed.any():
+            return actions
+        self.counters.add("guarded_actions")
+        return np.where(changed, self._in_policy_units(command), actions).astype(np.float32)
+
+    def _in_policy_units(self, command: np.ndarray) -> np.ndarray:
+        """``command`` before ``action_scale`` (0 where a dim's scale is 0: any action
+        maps to the same command there)."""
+        scale = self.actions.scale
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(scale != 0.0, command / scale, 0.0).astype(np.float32)
+
+    def _cut(self, robot: Robot) -> None:
+        """The robot's step stream broke: its episodes are cut, its lanes free."""
+        self.lanes.cut(robot.envs)
+        self.stats.cut(robot.envs)
+
+    def _stall(self, robot: Robot) -> None:
+        self._cut(robot)
+        if not robot.stalled:
+            robot.stalled = True
+            if self.fleet:
+                self.counters.add("robot_stalls")
+
+    def check_step_deadlines(self, now: float) -> list[Decision]:
+        """Drop each robot's late step: that robot stalls, the others go on. A robot
+        waits for an action at the state it published last: when that came after the
+        dropped step's observation, act on it now rather than leave the robot to the
+        watchdog (or stalled, with watchdog_safe_action off)."""
+        decisions: list[Decision] = []
+        for r, robot in enumerate(self.robots):
+            if not robot.source.expired(now):
+                continue
+            self._stall(robot)
+            decisions.append(StepDropped(r))
+            latest = robot.latest_obs
+            if latest is not None and latest[1] > robot.acted_stamp:
+                decisions.append(self._act(r, *latest, now))
+        return decisions
+
+    def pause_unanswered(self, r: int) -> list[Decision]:
+        """Robot ``r``'s simulator did not answer its pause before an update. A fleet's
+        robot stalls now: its free lanes fill from the others before its step can time
+        out, and a dead process's service can look ready for a while, so otherwise every
+        update would wait on it again. A single robot has no others to go on with."""
+        robot = self.robots[r]
+        if not self.fleet or robot.stalled:
+            return []
+        self._stall(robot)
+        return [StepDropped(r, pause_unanswered=True)]
+
+    def check_watchdogs(self, steady: float) -> list[Decision]:
+        """The robots whose observations stopped while collecting; a silence's first
+        check drops that robot's outstanding step and cuts its segment."""
+        if self.phase not in (Phase.COLLECTING, Phase.EPISODE_END):
+            return []
+        decisions: list[Decision] = []
+        for r, robot in enumerate(self.robots):
+            silence = robot.watchdog.check(steady)
+            if silence is None:
+                continue
+            if silence.publish_safe:
+                robot.guard.hold()
+            if silence.first:
+                self.counters.add("watchdog_trips")
+                if robot.source.drop():
+                    self._cut(robot)
+            decisions.append(Silent(r, silence.first, silence.publish_safe))
+        return decisions
+
+    # Updates.
+
+    def _begin_update(self, now: float) -> BeginUpdate:
+        self.phase = Phase.UPDATING
+        self._update_began = now
+        for robot in self.robots:
+            robot.source.reset()
+        return BeginUpdate()
+
+    def update(self) -> dict[str, float]:
+        """The PPO update on the collected rollout; its metrics."""
+        metrics = self.agent.update(self.lanes.bootstrap_obs)
+        self.lanes.clear()
+        parameters = self.agent.model.parameters()
+        # Kept for a later non-finite action (MLX arrays are immutable: references).
+        if all_finite(parameters):
+            self._good_parameters = parameters
+        self.updates_run += 1
+        return metrics
+
+    def after_update(self) -> list[Save]:
+        """The saves this iteration calls for: ``best`` when the policy is the best so far
+        (see ``BestPolicy``), ``interval`` when a checkpoint is due."""
+        saves = []
+        if self.best is not None and self.best.offer(self.agent, self.stats):
+            saves.append(Save("best"))
+        interval = self.cfg.checkpoint_interval
+        if interval and self.agent.iteration % interval == 0:
+            saves.append(Save("interval"))
+        return saves
+
+    def resume(self, now: float, steady: float) -> list[Decision]:
+        """The simulators run again: act on each live robot's newest observation, or
+        finish. A robot silent for ``step_timeout`` before the update stalls (its step,
+        cut short by the update, could not time out: the rollout may fill faster)."""
+        if self.cfg.max_iterations and self.agent.iteration >= self.cfg.max_iterations:
+            self.phase = Phase.FINISHED
+            return [Finished()]
+        self.phase = Phase.COLLECTING
+        decisions: list[Decision] = []
+        for r, robot in enumerate(self.robots):
+            robot.watchdog.observed(steady)
+            # The robot held the safe action (or stood still) during the update.
+            robot.guard.hold()
+            if robot.latest_obs is None or robot.stalled:
+                # A stalled robot rejoins on an observation of its own, not on a stale one.
+                continue
+            if self._update_began - robot.heard > self.cfg.step_timeout:
+                self._stall(robot)
+                decisions.append(StepDropped(r))
+                continue
+            decisions.append(self._act(r, *robot.latest_obs, now))
+        return decisions
+
+    # The emergency stop and live switches.
+
+    def set_estop(self, engaged: bool) -> list[Decision]:
+        """Engage (the safe action to every robot at once) or release the e-stop.
+
+        Engaged, every observation gets the safe action and nothing is learned or logged:
+        the rollout is cut as for a lost step, the outstanding steps are forgotten and the
+        episodes in progress are not logged. Released, the policy blends in again from
+        the safe action (``blend_in_steps``) on each robot's next observation.
+        """
+        if engaged == self.estop:
+            return self._hold_all() if engaged else []
+        self.estop = engaged
+        self.stats.cut()
+        if not engaged:
+            for robot in self.robots:
+                robot.guard.hold()
+            return []
+        self.counters.add("estops")
+        for robot in self.robots:
+            robot.source.reset()
+        if self.phase is Phase.COLLECTING:
+            # Not once the rollout is complete (waiting for episode ends, updating).
+            self._cut_rollout()
+        return self._hold_all()
+
+    def _hold_all(self) -> list[Decision]:
+        return [PublishAction(r, robot.guard.hold(), estop=True)
+                for r, robot in enumerate(self.robots)]
+
+    def set_training(self, training: bool) -> None:
+        if self.cfg.training and not training:
+            self._cut_rollout()
+        self.cfg.training = training
+
+    def set_deterministic(self, deterministic: bool) -> None:
+        # Mean actions are not samples of the policy: PPO must not learn from them.
+        if deterministic and not self.cfg.deterministic:
+            self._cut_rollout()
+        self.cfg.deterministic = deterministic
+
+    def _cut_rollout(self) -> None:
+        """End the segments being collected: the next stored steps do not continue them."""
+        for robot in self.robots:
+            self.lanes.cut(robot.envs)

@@ -1,0 +1,109 @@
+"""A training run's files: its folder, checkpoints (interval, latest, best), bundles and
+metrics (ROS-free).
+
+Every checkpoint write is atomic (``rl.checkpoint``); a disk that refuses one is counted
+(``save_failures``), its first error of each kind logged, and training goes on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from unilab_ros.loop.counters import Counters
+from unilab_ros.metrics_log import MetricsLog
+from unilab_ros.rl.actions import ActionConfig
+from unilab_ros.rl.agent import PPOAgent
+from unilab_ros.rl.best import BestPolicy
+from unilab_ros.rl.bundle import bundle_from_agent, save_bundle
+from unilab_ros.rl.checkpoint import remove_stale_temporaries, save_checkpoint
+from unilab_ros.rl.episodes import EpisodeStats
+from unilab_ros.run_folder import new_run_folder
+
+Log = Callable[[str, str], None]
+"""``log(level, text)``, level ``info`` or ``error``."""
+
+
+def output_folder(checkpoint_dir: str, runs_root: str, namespace: str) -> Path:
+    """``checkpoint_dir``, or else a new folder for this run (see ``run_folder``); raises
+    OSError when it cannot be made."""
+    if checkpoint_dir:
+        return Path(checkpoint_dir)
+    return new_run_folder(Path(runs_root), namespace)
+
+
+class RunArtifacts:
+    """Writes the run's checkpoints, bundles and metrics into ``folder``."""
+
+    def __init__(
+        self, folder: Path, agent: PPOAgent, actions: ActionConfig, counters: Counters,
+        tensorboard: bool, log: Log,
+    ) -> None:
+        self.folder = folder
+        self._agent = agent
+        self._actions = actions
+        self._counters = counters
+        self._log = log
+        self.last_save_error = ""
+        self._errors_logged: set[tuple[str, int | None]] = set()
+        try:
+            stale = remove_stale_temporaries(folder)
+        except OSError:
+            stale = []
+        if stale:
+            log("info", f"removed {len(stale)} temporary file(s) of saves that never finished")
+        self.metrics = MetricsLog(folder, tensorboard)
+
+    def save(self, reason: str, status: dict[str, Any], stats: EpisodeStats) -> Path | None:
+        """Write the training checkpoint (and ``latest``); returns the iteration's file,
+        or None when the disk refused."""
+        extra = {"reason": reason, "node": status, "episodes": stats.state()}
+        path = self.folder / f"checkpoint_{self._agent.iteration:06d}.safetensors"
+        if not self._write(path, extra, f"checkpoint ({reason})"):
+            return None
+        self._write(self.folder / "latest.safetensors", extra, "latest")
+        self._log("info", f"checkpoint saved ({reason}): {path}")
+        return path
+
+    def save_best(self, best: BestPolicy, status: dict[str, Any]) -> Path | None:
+        """Keep the new best policy as ``best.safetensors`` (a training checkpoint)."""
+        extra = {"reason": "best", "best_mean_return": best.mean_return,
+                 "best_min_episodes": best.min_episodes, "node": status}
+        path = self.folder / "best.safetensors"
+        if not self._write(path, extra, "best policy"):
+            return None
+        self._log(
+            "info",
+            f"new best: mean return {best.mean_return:.2f} over the last "
+            f"{best.min_episodes} episodes at iteration {best.iteration}: {path}",
+        )
+        return path
+
+    def export_bundle(self, source: str) -> Path:
+        """The current policy as ``bundle_<iteration>.safetensors``; raises BundleError,
+        OSError or RuntimeError (MLX's full disk) when it cannot be written."""
+        name = f"bundle_{self._agent.iteration:06d}.safetensors"
+        bundle = bundle_from_agent(self._agent, self._actions, source)
+        return save_bundle(self.folder / name, bundle)
+
+    def _write(self, path: Path, extra: dict[str, Any], what: str) -> bool:
+        try:
+            save_checkpoint(path, self._agent, extra, self._actions)
+        # MLX reports a full disk as RuntimeError, the filesystem the rest as OSError.
+        except (OSError, RuntimeError) as error:
+            self._counters.add("save_failures")
+            self.last_save_error = f"{what}: {type(error).__name__}: {error}"
+            kind = (type(error).__name__, getattr(error, "errno", None))
+            if kind not in self._errors_logged:
+                self._errors_logged.add(kind)
+                self._log(
+                    "error",
+                    f"could not save the {self.last_save_error}; training goes on (this kind "
+                    "of error is logged once; see save_failures in ~/status)",
+                )
+            return False
+        return True
+
+    def close(self) -> None:
+        self.metrics.close()

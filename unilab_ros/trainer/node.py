@@ -1,0 +1,636 @@
+"""trainer_node (node ``unilab_trainer``): learns a policy online over the topic contract.
+
+Subscribes ``observation``, ``reward`` and ``done``; publishes ``action``, ``~/status``
+and ``/diagnostics``. With ``robots`` given it trains a fleet: those topics under each
+robot's namespace, one rollout. This node only wires ROS: it converts messages and hands
+them to the ROS-free ``TrainingLoop`` (built by ``session``), carries out the loop's
+decisions (publish, pause the simulators and update, save), keeps the clocks and timers
+and serves the services and parameters. The run's files are ``artifacts``', the reports
+``reports``'. All MLX work runs on the executor's one thread.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from diagnostic_msgs.msg import DiagnosticArray
+from rcl_interfaces.msg import SetParametersResult
+from rclpy.clock import Clock, ClockType
+from rclpy.node import Node
+from rclpy.parameter import Parameter
+from rclpy.qos import QoSProfile
+from rclpy.subscription import Subscription
+from std_msgs.msg import Bool, Float32MultiArray, String, UInt8MultiArray
+from std_srvs.srv import SetBool, Trigger
+
+from unilab_ros.action_output import ActionOutput, ActionOutputConfig
+from unilab_ros.executors import run_node
+from unilab_ros.loop.action_safety import ActionSafetyConfig
+from unilab_ros.loop.config import LoopConfig
+from unilab_ros.loop.decisions import (
+    BeginUpdate,
+    Decision,
+    Finished,
+    PublishAction,
+    Save,
+    Silent,
+    StepDropped,
+)
+from unilab_ros.loop.training_loop import Phase, TrainingLoop
+from unilab_ros.loop.watchdog import Watchdog, WatchdogConfig
+from unilab_ros.messages import MessageError, read_done_codes, read_matrix, read_vector
+from unilab_ros.params import ConfigError, declare_config, read_config, warn_unknown_parameters
+from unilab_ros.rl import PPOAgent, heap
+from unilab_ros.rl.actions import ActionConfig
+from unilab_ros.rl.agent import AgentConfig
+from unilab_ros.rl.blas import blas_description
+from unilab_ros.rl.bundle import BundleError
+from unilab_ros.rl.checkpoint import CheckpointError
+from unilab_ros.rl.episodes import EpisodeStats
+from unilab_ros.rl.finetune import FineTuneConfig
+from unilab_ros.rl.model import ModelConfig
+from unilab_ros.rl.ppo import PPOConfig
+from unilab_ros.rl.ppo_runtime import PPORuntimeConfig
+from unilab_ros.sim_pause import SimPause
+from unilab_ros.trainer import reports
+from unilab_ros.trainer.artifacts import RunArtifacts, output_folder
+from unilab_ros.trainer.messages_in import drain, stamped_at_entry, stamped_at_reception
+from unilab_ros.trainer.session import SessionConfig, build_session
+from unilab_ros.trainer_config import TrainerNodeConfig
+
+NODE_NAME = "unilab_trainer"
+LIVE_PARAMETERS = frozenset({"training", "deterministic", "ppo.learning_rate"})
+"""Parameters that take effect while running; every other one is read-only after start."""
+_WARN_PERIOD = 5.0
+"""Seconds between repeats of one kind of warning."""
+_SAVE_SERVICE_MIN_PERIOD = 1.0
+"""Seconds between two saves asked for through ~/save_checkpoint."""
+
+
+def _while_ros_runs(method: Callable[..., None]) -> Callable[..., None]:
+    """Skip a callback once ROS is shut down (a signal): the executor may still run
+    queued ones, and their publishing would fail with an invalid context."""
+
+    @functools.wraps(method)
+    def guarded(self: Node, *args: Any) -> None:
+        if self.context.ok():
+            method(self, *args)
+
+    return guarded
+
+
+@dataclass(frozen=True)
+class _RobotIO:
+    """A robot's topics and simulator services (the trainer's own with no fleet)."""
+
+    obs_sub: Subscription[Any]
+    reward_sub: Subscription[Any]
+    done_sub: Subscription[Any]
+    action_out: ActionOutput
+    sim: SimPause
+
+
+class TrainerNode(Node):
+    """Online PPO trainer; see the module docstring and the README's topic contract."""
+
+    def __init__(self, arrival_ordered: bool = False, **kwargs: Any) -> None:
+        """``arrival_ordered``: the executor runs callbacks in arrival order, so the
+        time a callback starts orders messages; else the middleware's reception
+        stamps do (the SingleThreadedExecutor serves topics in its own order)."""
+        # Closed until fully built: at shutdown rclpy's context destroys, and so closes, a
+        # node whose constructor raised, and such a node has nothing to save.
+        self._closed = True
+        super().__init__(NODE_NAME, **kwargs)
+        self.cfg, session_cfg, output_cfg = self._read_parameters()
+        try:
+            session = build_session(session_cfg)
+        except (ValueError, CheckpointError) as error:
+            raise ConfigError(str(error)) from None
+        if session.warm_up_seconds is not None:
+            self.get_logger().info(
+                f"start-up: one throwaway PPO update compiled MLX's kernels in "
+                f"{session.warm_up_seconds:.1f} s, before the first action (cached on disk "
+                "afterwards)"
+            )
+        if session_cfg.fine_tune.init_from:
+            self.get_logger().info(f"fine-tuning from {session_cfg.fine_tune.init_from}")
+        for note in session.notes:
+            self.get_logger().warning(note)
+        self.loop: TrainingLoop = session.loop
+        self.num_envs, self.obs_dim = self.loop.actions.safe.shape[0], session_cfg.agent.obs_dim
+        self.watchdog_cfg = session_cfg.watchdog
+        self._last_service_save = -math.inf
+        self._warned_at: dict[str, float] = {}
+        self.report = reports.IterationReport(self.loop)
+        try:
+            folder = output_folder(self.cfg.checkpoint_dir, self.cfg.runs_root,
+                                   self.get_namespace())
+        except OSError as error:
+            raise ConfigError(f"cannot create a run folder under {self.cfg.runs_root}: "
+                              f"{error}") from None
+        self.artifacts = RunArtifacts(
+            folder, self.agent, session_cfg.actions, self.loop.counters, self.cfg.tensorboard,
+            self._log_line,
+        )
+        self._connect_all(arrival_ordered, output_cfg, session_cfg.loop.step_timeout)
+        self.get_logger().info(
+            f"ready: {self._fleet_size()}{self.num_envs} envs x obs {self.obs_dim} -> action "
+            f"{session_cfg.agent.action_dim}, rollout {session_cfg.agent.num_steps} steps, "
+            f"iteration {self.agent.iteration}, BLAS: {blas_description()}, heap: "
+            f"{heap.status}; output: {folder}"
+        )
+        self._closed = False
+
+    def _read_parameters(self) -> tuple[TrainerNodeConfig, SessionConfig, ActionOutputConfig]:
+        """Declare every parameter from the config dataclasses and read them back."""
+        for config, prefix in (
+            (AgentConfig(), ""),
+            (ActionConfig(), ""),
+            (LoopConfig(), ""),
+            (WatchdogConfig(), ""),
+            (ActionOutputConfig(), ""),
+            (ActionSafetyConfig(), ""),
+            (TrainerNodeConfig(), ""),
+            (FineTuneConfig(), "finetune"),
+            (ModelConfig(), "model"),
+            (PPOConfig(), "ppo"),
+            (PPORuntimeConfig(), "ppo"),
+        ):
+            declare_config(self, config, prefix, LIVE_PARAMETERS)
+        warn_unknown_parameters(self)
+        cfg = read_config(self, TrainerNodeConfig)
+        session = SessionConfig(
+            agent=read_config(self, AgentConfig),
+            loop=read_config(self, LoopConfig),
+            watchdog=read_config(self, WatchdogConfig),
+            safety=read_config(self, ActionSafetyConfig),
+            robots=cfg.robots,
+            resume_from=cfg.resume_from,
+            warm_up=cfg.warm_up_update,
+            best_min_episodes=cfg.best_min_episodes,
+        )
+        output = read_config(self, ActionOutputConfig)
+        try:
+            session.model = read_config(self, ModelConfig, "model")
+            session.ppo = read_config(self, PPOConfig, "ppo")
+            session.runtime = read_config(self, PPORuntimeConfig, "ppo")
+            session.fine_tune = read_config(self, FineTuneConfig, "finetune")
+            session.actions = read_config(self, ActionConfig)
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
+        return cfg, session, output
+
+    def _connect_all(
+        self, arrival_ordered: bool, output_cfg: ActionOutputConfig, step_timeout: float
+    ) -> None:
+        """Publishers, subscriptions, services, parameter callbacks and timers."""
+        qos = QoSProfile(depth=self.cfg.qos_depth)
+        self._status_pub = self.create_publisher(String, "~/status", qos)
+        self._diag_pub = self.create_publisher(DiagnosticArray, "/diagnostics", qos)
+        subscribe = stamped_at_entry if arrival_ordered else stamped_at_reception
+        self._robots = [
+            self._connect(r, robot.name, subscribe, output_cfg, qos)
+            for r, robot in enumerate(self.loop.robots)
+        ]
+        self._paused_robots: list[int] = []
+        """The robots whose simulators were paused for the update in progress."""
+        self.create_subscription(Bool, "estop", self._on_estop, qos)
+        if self.cfg.control_services:
+            self.create_service(Trigger, "~/save_checkpoint", self._srv_save)
+            self.create_service(Trigger, "~/export_bundle", self._srv_export_bundle)
+            self.create_service(SetBool, "~/set_training", self._srv_set_training)
+            self.create_service(SetBool, "~/set_deterministic", self._srv_set_deterministic)
+        # Validated first, for all of them; applied once every one was accepted.
+        self.add_on_set_parameters_callback(self._validate_parameters)
+        self.add_post_set_parameters_callback(self._apply_parameters)
+        steady = Clock(clock_type=ClockType.STEADY_TIME)
+        # Step deadlines follow the node clock (a paused simulator drops nothing); the
+        # watchdog follows the steady clock (it must fire even when sim time stops).
+        self.create_timer(min(0.05, step_timeout / 4.0), self._check_step_deadlines)
+        self.create_timer(Watchdog(self.watchdog_cfg).period, self._watchdog, clock=steady)
+        self.create_timer(1.0, self._publish_status, clock=steady)
+        self.create_timer(self.cfg.wait_report_period, self._report_waiting, clock=steady)
+
+    def _connect(
+        self, r: int, name: str, subscribe: Any, output_cfg: ActionOutputConfig,
+        qos: QoSProfile,
+    ) -> _RobotIO:
+        """Topics and simulator services of robot ``r``, under namespace ``name``."""
+        prefix = f"{name.strip('/')}/".lstrip("/")
+
+        def scoped(service: str) -> str:
+            # A relative service name is the robot's (its simulator's pause).
+            return service if not service or service.startswith("/") else prefix + service
+
+        return _RobotIO(
+            subscribe(self, Float32MultiArray, prefix + "observation",
+                      functools.partial(self._on_observation, r), qos),
+            subscribe(self, Float32MultiArray, prefix + "reward",
+                      functools.partial(self._on_reward, r), qos),
+            subscribe(self, UInt8MultiArray, prefix + "done",
+                      functools.partial(self._on_done, r), qos),
+            ActionOutput(self, output_cfg, qos, prefix + "action"),
+            SimPause(
+                self,
+                scoped(self.cfg.pause_service),
+                scoped(self.cfg.resume_service),
+                self.cfg.pause_service_type,
+                self.cfg.service_timeout,
+            ),
+        )
+
+    def _fleet_size(self) -> str:
+        robots = self.cfg.robots
+        return f"{len(robots)} robots ({', '.join(robots)}) x " if robots else ""
+
+    @property
+    def finished(self) -> bool:
+        return self.loop.phase is Phase.FINISHED
+
+    @property
+    def agent(self) -> PPOAgent:
+        return self.loop.agent
+
+    @property
+    def stats(self) -> EpisodeStats:
+        return self.loop.stats
+
+    @property
+    def counters(self) -> dict[str, int]:
+        return self.loop.counters
+
+    # Message callbacks: convert, validate, hand over to the loop, carry out its decisions.
+
+    def _read(
+        self, kind: str, reader: Any, msg: Any, *shape: int, **limit: float
+    ) -> np.ndarray | None:
+        try:
+            return reader(msg, *shape, **limit)
+        except MessageError as error:
+            rejected = self.loop.counters.add(f"rejected_{kind}s")
+            # Throttled per topic: rclpy throttles per call site, and one noisy topic
+            # must not hide the others' problems.
+            now = time.monotonic()
+            if now - self._warned_at.get(kind, -math.inf) >= _WARN_PERIOD:
+                self._warned_at[kind] = now
+                self.get_logger().warning(f"rejected {kind} ({rejected} so far): {error.reason}")
+            return None
+
+    @_while_ros_runs
+    def _on_observation(self, r: int, msg: Float32MultiArray, stamp: int) -> None:
+        self._receive_observation(r, msg, stamp)
+
+    @_while_ros_runs
+    def _on_reward(self, r: int, msg: Float32MultiArray, stamp: int) -> None:
+        self._receive_reward(r, msg, stamp)
+
+    @_while_ros_runs
+    def _on_done(self, r: int, msg: UInt8MultiArray, stamp: int) -> None:
+        self._receive_done(r, msg, stamp)
+
+    def _receive_observation(self, r: int, msg: Float32MultiArray, stamp: int) -> bool:
+        """Hand a valid observation of robot ``r`` to the loop; False when it was rejected."""
+        obs = self._read(
+            "observation", read_matrix, msg, self.num_envs, self.obs_dim,
+            limit=self.cfg.observation_limit,
+        )
+        if obs is not None:
+            self._carry_out(self.loop.on_observation(r, obs, stamp, self._now(),
+                                                     time.monotonic()))
+        return obs is not None
+
+    def _receive_reward(self, r: int, msg: Float32MultiArray, stamp: int) -> bool:
+        reward = self._read(
+            "reward", read_vector, msg, self.num_envs, limit=self.cfg.reward_limit
+        )
+        if reward is not None:
+            self._carry_out(self.loop.on_reward(r, reward, stamp, self._now()))
+        return reward is not None
+
+    def _receive_done(self, r: int, msg: UInt8MultiArray, stamp: int) -> bool:
+        done = self._read("done", read_done_codes, msg, self.num_envs)
+        if done is not None:
+            self._carry_out(self.loop.on_done(r, done, stamp, self._now()))
+        return done is not None
+
+    @_while_ros_runs
+    def _on_estop(self, msg: Bool) -> None:
+        engaged = bool(msg.data)
+        if engaged != self.loop.estop:
+            self.get_logger().warning(
+                "e-stop engaged: the safe action, no learning until released" if engaged
+                else "e-stop released: the policy blends in again"
+            )
+        self._carry_out(self.loop.set_estop(engaged))
+
+    def _carry_out(self, decisions: list[Decision]) -> None:
+        for decision in decisions:
+            match decision:
+                case PublishAction():
+                    self._publish_action(decision)
+                case StepDropped():
+                    self._on_dropped(decision)
+                case Silent():
+                    self._on_silence(decision)
+                case BeginUpdate():
+                    self._begin_update()
+                case Save(reason="best"):
+                    self.artifacts.save_best(self.loop.best, self.status())
+                case Save(reason=reason):
+                    self.save(reason)
+                case Finished():
+                    self.save("max_iterations reached")
+                    self.get_logger().info(f"finished {self.agent.iteration} iterations")
+
+    def _publish_action(self, decision: PublishAction) -> None:
+        if decision.rejoined:
+            self.get_logger().info(f"robot {self.loop.robots[decision.robot].name} rejoined")
+        if decision.nonfinite:
+            self.get_logger().error(
+                f"the policy gave a non-finite action ({self.counters['nonfinite_actions']} "
+                "so far): the safe action was sent instead"
+                + ("; the last finite model parameters are restored" if decision.restored
+                   else ""),
+                throttle_duration_sec=_WARN_PERIOD,
+            )
+        self._robots[decision.robot].action_out.publish(decision.command)
+
+    def _publish_safe_action(self, r: int) -> None:
+        self._robots[r].action_out.publish(self.loop.actions.safe)
+        self.loop.counters.add("safe_actions_published")
+
+    def _now(self) -> float:
+        return self.get_clock().now().nanoseconds * 1e-9
+
+    @_while_ros_runs
+    def _check_step_deadlines(self) -> None:
+        self._carry_out(self.loop.check_step_deadlines(self._now()))
+
+    @_while_ros_runs
+    def _watchdog(self) -> None:
+        self._carry_out(self.loop.check_watchdogs(time.monotonic()))
+
+    def _on_dropped(self, dropped: StepDropped) -> None:
+        line = reports.dropped_line(self.loop, dropped, self.cfg.service_timeout)
+        # Each stall of a fleet's robot is news; one robot's lost steps repeat.
+        if self.loop.fleet:
+            self.get_logger().warning(line)
+        else:
+            self.get_logger().warning(line, throttle_duration_sec=_WARN_PERIOD)
+
+    def _on_silence(self, silence: Silent) -> None:
+        if silence.first:
+            name = self.loop.robots[silence.robot].name
+            robot = f"robot {name}: " if self.loop.fleet else ""
+            self.get_logger().warning(
+                f"{robot}no observation for {self.watchdog_cfg.obs_timeout}s: "
+                + ("publishing the safe action" if silence.publish_safe else "waiting")
+            )
+        if silence.publish_safe:
+            self._publish_safe_action(silence.robot)
+
+    @_while_ros_runs
+    def _report_waiting(self) -> None:
+        """Before the first observation, say which topics the trainer waits on (resolved,
+        so a wrong namespace or remap shows) and how many publishers each has."""
+        if self.loop.phase is not Phase.WAITING:
+            return
+        topics = ", ".join(
+            f"{sub.topic_name} ({self.count_publishers(sub.topic_name)} publishers)"
+            for robot in self._robots
+            for sub in (robot.obs_sub, robot.reward_sub, robot.done_sub)
+        )
+        outputs = ", ".join(robot.action_out.topic_name for robot in self._robots)
+        self.get_logger().info(
+            f"waiting for the first observation; subscribed to {topics}; actions go to "
+            f"{outputs}"
+        )
+
+    # Updating.
+
+    def _begin_update(self) -> None:
+        self._publish_status()
+        # Pause first: a safe action published before the pause answered could reach the
+        # simulator first and step it, a step nobody learns from. The same simulators are
+        # resumed after the update.
+        self._paused_robots = self.loop.simulators_to_pause()
+        self._call_sims(self._paused_robots, "pause", then=self._run_update)
+
+    def _call_sims(self, robots: list[int], call: str, then: Callable[[], None]) -> None:
+        """Pause (resume) the simulators of ``robots``, one after the other, then ``then``.
+        A pause that goes unanswered goes to the loop (a fleet stalls that robot; it is
+        still resumed, in case the pause arrived late)."""
+        if not robots:
+            then()
+            return
+        r, sim = robots[0], self._robots[robots[0]].sim
+
+        def next_robot() -> None:
+            if call == "pause" and sim.unanswered:
+                self._carry_out(self.loop.pause_unanswered(r))
+            self._call_sims(robots[1:], call, then)
+
+        getattr(sim, call)(then=next_robot)
+
+    def _run_update(self) -> None:
+        if self.cfg.update_safe_action:
+            for r in range(len(self._robots)):
+                self._publish_safe_action(r)
+        first_compile = self.agent.runtime_cfg.enable_compile and not self.cfg.warm_up_update
+        if self.loop.updates_run == 0 and first_compile:
+            self.get_logger().info(
+                "first update: MLX compiles its kernels (up to a minute on a new machine; "
+                "cached on disk afterwards)"
+            )
+        metrics = self.loop.update()
+        if not self.context.ok():
+            # A signal arrived during the update and shut ROS down: publishing or logging
+            # to /rosout would fail now. close() saves the updated agent on the way out.
+            return
+        self._report_iteration(metrics)
+        self._carry_out(self.loop.after_update())
+        # Act only once the simulator runs again: an action that reached it still paused
+        # would be dropped, and collection would stall until the step timed out.
+        self._call_sims(self._paused_robots, "resume", then=self._restart_collecting)
+
+    def _restart_collecting(self) -> None:
+        self._drain_queued()
+        self._carry_out(self.loop.resume(self._now(), time.monotonic()))
+
+    def _drain_queued(self) -> None:
+        """Discard what arrived during the update (see ``drain``); the loop counts a valid
+        one as discarded (it is updating) and keeps the newest observation; bad input is
+        bad input whenever it comes: counted (and logged) as such, and discarded."""
+        for r, robot in enumerate(self._robots):
+            for sub, receive in (
+                (robot.obs_sub, self._receive_observation),
+                (robot.reward_sub, self._receive_reward),
+                (robot.done_sub, self._receive_done),
+            ):
+                invalid = drain(sub, functools.partial(receive, r))
+                for _ in range(invalid):
+                    self.loop.counters.add("discarded_during_update")
+
+    def _report_iteration(self, metrics: dict[str, float]) -> None:
+        values = self.report.values(metrics)
+        self.artifacts.metrics.write(self.agent.iteration, values)
+        problems = self.loop.step_counters["steps_dropped"] + self.counters[
+            "rejected_observations"]
+        failing = bool(self.counters["save_failures"] or self.artifacts.metrics.failures)
+        self._diag_pub.publish(reports.diagnostics(
+            values, self.agent.iteration, self.get_fully_qualified_name(), problems, failing,
+            self.get_clock().now().to_msg(),
+        ))
+        self.get_logger().info(self.report.line(metrics))
+
+    @property
+    def last_metrics(self) -> dict[str, float]:
+        return self.report.last
+
+    def status(self) -> dict[str, Any]:
+        return reports.status(
+            self.loop,
+            sim_service_failures=sum(robot.sim.calls_failed for robot in self._robots),
+            metrics_log_failures=self.artifacts.metrics.failures,
+            last_save_error=self.artifacts.last_save_error,
+        )
+
+    @_while_ros_runs
+    def _publish_status(self) -> None:
+        self._status_pub.publish(String(data=json.dumps(self.status())))
+
+    # Services and checkpoints.
+
+    def save(self, reason: str) -> Path | None:
+        """Write the training checkpoint (and ``latest``); returns the iteration's file,
+        or None when the disk refused (logged once per kind, counted, training goes on)."""
+        return self.artifacts.save(reason, self.status(), self.stats)
+
+    def _log_line(self, level: str, text: str) -> None:
+        """Log, also while shutting down: the ROS logger would then fail to publish the
+        line to /rosout (the context is gone), so it goes to stderr in the same format."""
+        # One call per level: rclpy ties a call site to one severity.
+        if self.context.ok() and level == "error":
+            self.get_logger().error(text)
+        elif self.context.ok():
+            self.get_logger().info(text)
+        else:
+            print(f"[{level.upper()}] [{self.get_name()}]: {text}", file=sys.stderr, flush=True)
+
+    def _srv_save(self, _request: Trigger.Request, response: Trigger.Response) -> Any:
+        # Each save stalls acting for tens of ms: a flood of calls must not stall the robot.
+        since = time.monotonic() - self._last_service_save
+        if since < _SAVE_SERVICE_MIN_PERIOD:
+            self.loop.counters.add("save_requests_refused")
+            response.success = False
+            response.message = (
+                f"saved {since:.2f} s ago; saving at most once every "
+                f"{_SAVE_SERVICE_MIN_PERIOD:g} s"
+            )
+            return response
+        self._last_service_save = time.monotonic()
+        path = self.save("service call")
+        response.success = path is not None
+        response.message = (
+            str(path) if path is not None
+            else f"saving failed: {self.artifacts.last_save_error}"
+        )
+        return response
+
+    def _srv_export_bundle(self, _request: Trigger.Request, response: Trigger.Response) -> Any:
+        """Write the current policy as a bundle next to the checkpoints."""
+        try:
+            path = self.artifacts.export_bundle(f"{NODE_NAME} (live)")
+        # MLX reports a full disk as RuntimeError, the filesystem the rest as OSError.
+        except (BundleError, OSError, RuntimeError) as error:
+            response.success = False
+            response.message = f"export failed: {type(error).__name__}: {error}"
+            return response
+        self.get_logger().info(f"policy bundle written: {path}")
+        response.success, response.message = True, str(path)
+        return response
+
+    def _srv_set_training(self, request: SetBool.Request, response: SetBool.Response) -> Any:
+        return self._set_by_service("training", request.data, response)
+
+    def _srv_set_deterministic(self, request: SetBool.Request, response: SetBool.Response) -> Any:
+        return self._set_by_service("deterministic", request.data, response)
+
+    def _set_by_service(self, name: str, value: bool, response: SetBool.Response) -> Any:
+        """The services set the parameter, so both always agree (one path: the callbacks)."""
+        result = self.set_parameters([Parameter(name, value=bool(value))])[0]
+        response.success = result.successful
+        response.message = f"{name}={getattr(self.loop.cfg, name)}" + (
+            "" if result.successful else f": {result.reason}"
+        )
+        return response
+
+    def _validate_parameters(self, params: list[Parameter]) -> SetParametersResult:
+        """Accept the live changes only if every one is valid (none is applied here)."""
+        live = [param.name for param in params if param.name in LIVE_PARAMETERS]
+        if live and not self.cfg.control_services:
+            return SetParametersResult(
+                successful=False,
+                reason=f"{', '.join(live)}: run-time control is off (control_services: false)",
+            )
+        ppo = self.agent.ppo_cfg
+        for param in params:
+            if param.name != "ppo.learning_rate":
+                continue
+            rate = float(param.value)
+            # One step at a huge rate wrecks the weights for good: keep to the schedule's
+            # own bounds.
+            if not (math.isfinite(rate) and ppo.min_learning_rate <= rate
+                    <= ppo.max_learning_rate):
+                return SetParametersResult(
+                    successful=False,
+                    reason=f"ppo.learning_rate must be within ppo.min_learning_rate .. "
+                    f"ppo.max_learning_rate ({ppo.min_learning_rate:g} .. "
+                    f"{ppo.max_learning_rate:g}), got {rate:g}",
+                )
+        return SetParametersResult(successful=True)
+
+    def _apply_parameters(self, params: list[Parameter]) -> None:
+        """Put the accepted live changes into effect."""
+        for param in params:
+            if param.name == "training":
+                self.loop.set_training(bool(param.value))
+            elif param.name == "deterministic":
+                self.loop.set_deterministic(bool(param.value))
+            elif param.name == "ppo.learning_rate":
+                self.agent.set_learning_rate(float(param.value))
+            else:
+                continue
+            self.get_logger().info(f"parameter {param.name} set to {param.value}")
+
+    def close(self) -> None:
+        """Save on the way out (shutdown, signal, or the last iteration); once."""
+        if self._closed:
+            return
+        self._closed = True
+        if not self.finished and self.agent.iteration > 0:
+            self.save("shutdown")
+        self.artifacts.close()
+
+    def destroy_node(self) -> None:
+        self.close()
+        super().destroy_node()
+
+
+def main(args: list[str] | None = None) -> None:
+    run_node(
+        NODE_NAME, lambda ordered: TrainerNode(arrival_ordered=ordered), args, (ConfigError,)
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,97 @@
+"""A training session built from configs: the agent and its loop (ROS-free).
+
+The trainer node and the in-process run build their sessions here, so both act, store
+and update through the same objects made the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from unilab_ros.loop.action_safety import ActionSafetyConfig
+from unilab_ros.loop.config import LoopConfig
+from unilab_ros.loop.training_loop import TrainingLoop
+from unilab_ros.loop.watchdog import WatchdogConfig
+from unilab_ros.rl.actions import ActionConfig, ActionMapper
+from unilab_ros.rl.agent import AgentConfig, warm_up_update
+from unilab_ros.rl.best import BestPolicy
+from unilab_ros.rl.checkpoint import Checkpoint, restore_agent
+from unilab_ros.rl.episodes import EpisodeStats
+from unilab_ros.rl.finetune import FineTuneConfig, make_agent
+from unilab_ros.rl.model import ModelConfig
+from unilab_ros.rl.ppo import PPOConfig
+from unilab_ros.rl.ppo_runtime import PPORuntimeConfig
+
+
+@dataclass
+class SessionConfig:
+    """Every config a session is made of (the node reads them from its parameters)."""
+
+    agent: AgentConfig
+    """Sizes of one robot (``num_envs`` rows); a fleet's agent has robots x as many."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    ppo: PPOConfig = field(default_factory=PPOConfig)
+    runtime: PPORuntimeConfig = field(default_factory=PPORuntimeConfig)
+    actions: ActionConfig = field(default_factory=ActionConfig)
+    loop: LoopConfig = field(default_factory=LoopConfig)
+    watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
+    safety: ActionSafetyConfig = field(default_factory=ActionSafetyConfig)
+    fine_tune: FineTuneConfig = field(default_factory=FineTuneConfig)
+    robots: list[str] = field(default_factory=list)
+    """A fleet's namespaces; empty: one robot."""
+    resume_from: str = ""
+    """A training checkpoint to continue (iteration, optimizer, normalizer, streams)."""
+    warm_up: bool = False
+    """Run one throwaway update first, so MLX compiles before the first action."""
+    best_min_episodes: int = 100
+    """The episode window of the best policy (``BestPolicy``)."""
+
+
+@dataclass
+class Session:
+    """The loop (with its agent and best policy) and what to tell the operator."""
+
+    loop: TrainingLoop
+    notes: list[str]
+    """Settings taken from a fine-tuning policy, and the like: one warning each."""
+    warm_up_seconds: float | None
+    """How long the warm-up update took, when one ran."""
+
+
+def build_session(cfg: SessionConfig, best: BestPolicy | None = None) -> Session:
+    """The agent (fresh, fine-tuned from a policy or resumed) and its loop, which keeps
+    the best policy in ``best`` (by default a new one over ``best_min_episodes``).
+
+    Raises ValueError or ``CheckpointError`` with the reason when the configs do not fit
+    together or a file cannot be used.
+    """
+    if cfg.fine_tune.init_from and cfg.resume_from:
+        raise ValueError(
+            "resume_from continues a training, finetune.init_from starts one from a "
+            "policy: give one of them"
+        )
+    agent_cfg = cfg.agent
+    # A robot's messages have num_envs rows; the agent acts for the whole fleet.
+    actions = ActionMapper(cfg.actions, agent_cfg.num_envs, agent_cfg.action_dim)
+    if cfg.robots:
+        agent_cfg = replace(agent_cfg, num_envs=agent_cfg.num_envs * len(cfg.robots))
+    # Opened first: a bad path is reported alone, before any warm-up.
+    checkpoint = Checkpoint(cfg.resume_from) if cfg.resume_from else None
+    warm_up_seconds = None
+    if cfg.warm_up:
+        # Before the agent: the warm-up reseeds MLX, and the agent seeds it again.
+        warm_up_seconds = warm_up_update(agent_cfg, cfg.model, cfg.ppo, cfg.runtime)
+    agent, notes = make_agent(
+        agent_cfg, cfg.model, cfg.ppo, actions.policy_bounds(), cfg.actions, cfg.fine_tune,
+        cfg.runtime,
+    )
+    stats = EpisodeStats(agent_cfg.num_envs)
+    if checkpoint is not None:
+        restore_agent(agent, checkpoint)
+        stats.load_state(checkpoint.extra.get("episodes", {}))
+    loop = TrainingLoop(
+        cfg.loop, agent, actions, cfg.robots, stats,
+        best or BestPolicy(cfg.best_min_episodes),
+        cfg.watchdog, cfg.safety,
+    )
+    return Session(loop, notes, warm_up_seconds)
