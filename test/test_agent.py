@@ -67,15 +67,15 @@ def test_each_step_stores_the_acting_policys_mean_std_and_log_prob(num_envs):
         obs = observations(rng, num_envs)
         actions = agent.act(obs)
         agent.record(obs, actions, np.zeros(num_envs), np.zeros(num_envs, np.uint8))
-        np.testing.assert_array_equal(agent.buffer.mu[t], agent.sampler.last_mean)
+        np.testing.assert_array_equal(agent.buffer.mean[t], agent.sampler.last_mean)
         # The same policy evaluated independently, in MLX.
         mean, std, log_std = agent.model.distribution_params(mx.array(obs))
-        np.testing.assert_allclose(agent.buffer.mu[t], np.array(mean), rtol=1e-5, atol=1e-5)
-        np.testing.assert_allclose(agent.buffer.sigma[t], np.array(std), rtol=1e-6)
+        np.testing.assert_allclose(agent.buffer.mean[t], np.array(mean), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(agent.buffer.std[t], np.array(std), rtol=1e-6)
         log_probs = diag_gaussian_log_prob(mx.array(actions), mean, log_std)
         np.testing.assert_allclose(agent.buffer.log_probs[t], np.array(log_probs),
                                    rtol=1e-5, atol=1e-4)
-        assert not np.allclose(actions, agent.buffer.mu[t])  # sampled, not the mean
+        assert not np.allclose(actions, agent.buffer.mean[t])  # sampled, not the mean
 
 
 def test_actions_not_from_the_latest_act_get_the_same_policys_outputs():
@@ -89,7 +89,7 @@ def test_actions_not_from_the_latest_act_get_the_same_policys_outputs():
         copy = copied.act(obs).copy()
         copied.record(obs, copy, np.zeros(4), np.zeros(4, np.uint8))
         np.testing.assert_array_equal(copy, actions)
-        for name in ("mu", "sigma", "log_probs"):
+        for name in ("mean", "std", "log_probs"):
             np.testing.assert_allclose(getattr(copied.buffer, name)[t],
                                        getattr(acted.buffer, name)[t], rtol=1e-6, atol=1e-6)
     # An action from elsewhere (e.g. a safe action) gets its log-prob under the same policy.

@@ -150,13 +150,13 @@ def test_set_policy_outputs_fills_every_stored_step():
     stds = np.array([0.3, 0.7], np.float32)
     buffer.set_policy_outputs(mx.array(log_probs), mx.array(means), mx.array(stds), values)
     np.testing.assert_array_equal(buffer.log_probs, log_probs.reshape(steps, envs))
-    np.testing.assert_array_equal(buffer.mu, means.reshape(steps, envs, action_dim))
+    np.testing.assert_array_equal(buffer.mean, means.reshape(steps, envs, action_dim))
     np.testing.assert_array_equal(buffer.values, values.reshape(steps, envs))
-    np.testing.assert_array_equal(buffer.sigma, np.broadcast_to(stds, (steps, envs, action_dim)))
+    np.testing.assert_array_equal(buffer.std, np.broadcast_to(stds, (steps, envs, action_dim)))
 
     per_sample = rng.uniform(0.1, 1.0, size=(steps * envs, action_dim)).astype(np.float32)
     buffer.set_policy_outputs(log_probs, means, per_sample, values)
-    np.testing.assert_array_equal(buffer.sigma, per_sample.reshape(steps, envs, action_dim))
+    np.testing.assert_array_equal(buffer.std, per_sample.reshape(steps, envs, action_dim))
 
 
 def test_overflow_raises_and_clear_allows_reuse():
@@ -218,8 +218,8 @@ def test_mini_batch_rows_stay_aligned():
     ids = buffer.observations[..., 0]
     buffer.actions[..., 0] = 2.0 * ids
     buffer.log_probs[:] = 3.0 * ids
-    buffer.mu[..., 0] = 4.0 * ids
-    buffer.sigma[..., 0] = 5.0 * ids
+    buffer.mean[..., 0] = 4.0 * ids
+    buffer.std[..., 0] = 5.0 * ids
     buffer.returns[:] = 6.0 * ids
     buffer.advantages[:] = 7.0 * ids
     buffer.values[:] = 8.0 * ids
@@ -227,8 +227,8 @@ def test_mini_batch_rows_stay_aligned():
         obs=buffer.observations,
         actions=buffer.actions,
         old_log_probs=buffer.log_probs,
-        old_mu=buffer.mu,
-        old_sigma=buffer.sigma,
+        old_mean=buffer.mean,
+        old_std=buffer.std,
         returns=buffer.returns,
         advantages=buffer.advantages,
         old_values=buffer.values,

@@ -10,12 +10,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from unilab_ros.done_codes import DoneCode
 from unilab_ros.loop.config import LoopConfig
 from unilab_ros.loop.decisions import BeginUpdate, PublishAction
 from unilab_ros.loop.training_loop import Phase, TrainingLoop
 from unilab_ros.rl.actions import ActionConfig, ActionMapper
 from unilab_ros.rl.agent import AgentConfig, PPOAgent, StepOfEnvs
+from unilab_ros.rl.done_codes import DoneCode
 from unilab_ros.rl.lanes import LaneRollout
 from unilab_ros.rl.model import ModelConfig
 from unilab_ros.rl.ppo import PPOConfig

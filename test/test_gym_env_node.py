@@ -66,7 +66,7 @@ class Harness:
             self.peer.create_subscription(msg_type, topic, self.received[topic].append, 100)
         self.peer.create_subscription(String, 'gym_env/status', self.received['status'].append,
                                       10)
-        action_type = Float64MultiArray if params.get('action_type') == 'float64' \
+        action_type = Float64MultiArray if params.get('action_msg_type') == 'float64' \
             else Float32MultiArray
         self.action_pub = self.peer.create_publisher(action_type, 'action', 10)
         self.executor = SingleThreadedExecutor(context=context)
@@ -276,7 +276,7 @@ def test_malformed_actions_are_rejected_and_counted_without_stepping(harness_fac
 
 
 def test_float64_actions(harness_factory):
-    harness = harness_factory(num_envs=2, action_type='float64')
+    harness = harness_factory(num_envs=2, action_msg_type='float64')
     reward, done, observation = harness.step(np.array([[0.25], [-0.25]]))
     assert reward.shape == (2,) and observation.shape == (2, 3)
     np.testing.assert_array_equal(done, [DONE_RUNNING] * 2)

@@ -420,8 +420,8 @@ def test_update_matches_rsl_rl(schedule: str) -> None:
     # as our trainer normalizes them, once over the rollout with the n std.
     storage.returns.copy_(tensor(buffer.returns, 1))
     storage.advantages = tensor(normalized_advantages(buffer.advantages), 1)
-    storage.distribution_params = (tensor(buffer.mu, ACTION_DIM),
-                                   tensor(buffer.sigma, ACTION_DIM))
+    storage.distribution_params = (tensor(buffer.mean, ACTION_DIM),
+                                   tensor(buffer.std, ACTION_DIM))
     storage.step = NUM_STEPS
     algorithm.update()
 

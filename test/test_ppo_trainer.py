@@ -325,7 +325,7 @@ def steer_kls(buffer: RolloutBuffer, trainer: PPOTrainer, kls: list[float], seen
                 "lr": trainer.learning_rate,
                 "ratio_max": float(mx.max(mx.exp(log_ratio)).item()),
             })
-            yield batch._replace(old_mu=old_mean, old_sigma=std, old_log_probs=old_log_probs)
+            yield batch._replace(old_mean=old_mean, old_std=std, old_log_probs=old_log_probs)
 
     buffer.mini_batch_generator = generator
 

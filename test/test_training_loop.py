@@ -368,11 +368,11 @@ def test_guarded_actions_are_stored_as_sent_with_the_acting_policys_log_prob():
         np.testing.assert_allclose(buffer.actions[t] * 2.0, sent[t], rtol=1e-6)
         np.testing.assert_allclose(
             buffer.log_probs[t],
-            gaussian_log_prob(buffer.actions[t], buffer.mu[t], buffer.sigma[t]),
+            gaussian_log_prob(buffer.actions[t], buffer.mean[t], buffer.std[t]),
             rtol=1e-5,
         )
         # The policy's mean, not the sent action, is what the acting policy computed.
-        assert not np.allclose(buffer.mu[t], buffer.actions[t])
+        assert not np.allclose(buffer.mean[t], buffer.actions[t])
 
 
 def test_with_the_guard_off_the_policys_own_actions_are_stored():

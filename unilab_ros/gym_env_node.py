@@ -35,7 +35,7 @@ from unilab_ros.messages import (
 from unilab_ros.params import ConfigError, declare_config, read_config, warn_unknown_parameters
 
 NODE_NAME = 'gym_env'
-ACTION_TYPES = {'float32': Float32MultiArray, 'float64': Float64MultiArray}
+ACTION_MSG_TYPES = {'float32': Float32MultiArray, 'float64': Float64MultiArray}
 REJECT_LOG_PERIOD_S = 2.0
 PAUSED_LOG_PERIOD_S = 10.0
 
@@ -59,7 +59,7 @@ class GymEnvParams:
     """Seconds a pause may last without a resume; then the env resumes on its own with a
     warning (the trainer that paused it is gone: killed in an update, or it paused a
     previous run of this bridge). 0: a pause lasts until resumed."""
-    action_type: str = 'float32'
+    action_msg_type: str = 'float32'
     """'float32' (Float32MultiArray) or 'float64' (Float64MultiArray, as ros2_control)."""
     qos_depth: int = 10
     """History depth of the observation / reward / done / action topics."""
@@ -77,9 +77,9 @@ class GymEnvParams:
             problems.append(f'republish_period must be >= 0 s, got {self.republish_period}')
         if self.max_pause < 0:
             problems.append(f'max_pause must be >= 0 s, got {self.max_pause}')
-        if self.action_type not in ACTION_TYPES:
-            problems.append(f'action_type must be one of {sorted(ACTION_TYPES)}, '
-                            f'got {self.action_type!r}')
+        if self.action_msg_type not in ACTION_MSG_TYPES:
+            problems.append(f'action_msg_type must be one of {sorted(ACTION_MSG_TYPES)}, '
+                            f'got {self.action_msg_type!r}')
         if self.qos_depth < 1:
             problems.append(f'qos_depth must be >= 1, got {self.qos_depth}')
         if self.log_period <= 0:
@@ -132,8 +132,8 @@ class GymEnvNode(Node):
         self._reward_pub = self.create_publisher(Float32MultiArray, 'reward', params.qos_depth)
         self._done_pub = self.create_publisher(UInt8MultiArray, 'done', params.qos_depth)
         self._status_pub = self.create_publisher(String, '~/status', 10)
-        self.create_subscription(ACTION_TYPES[params.action_type], 'action', self._on_action,
-                                 params.qos_depth)
+        self.create_subscription(ACTION_MSG_TYPES[params.action_msg_type], 'action',
+                                 self._on_action, params.qos_depth)
         self.create_service(Empty, '~/pause', self._srv_pause)
         self.create_service(Empty, '~/resume', self._srv_resume)
 
@@ -149,7 +149,7 @@ class GymEnvNode(Node):
             self.create_timer(min(1.0, params.max_pause / 4.0), self._end_a_stale_pause)
         self.get_logger().info(
             f'serving {params.num_envs} x {params.env_id}: obs_dim={self._sim.obs_dim}, '
-            f'action_dim={self._sim.action_dim}, action type {params.action_type}')
+            f'action_dim={self._sim.action_dim}, action type {params.action_msg_type}')
 
     @property
     def counters(self) -> GymEnvCounters:

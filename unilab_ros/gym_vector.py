@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import gymnasium as gym
 import numpy as np
 
-from unilab_ros.done_codes import from_gym_flags
+from unilab_ros.rl.done_codes import from_gym_flags
 
 RETURN_WINDOW = 100
 

@@ -28,7 +28,7 @@ from std_msgs.msg import (
     UInt8MultiArray,
 )
 
-from unilab_ros.done_codes import DoneCode, from_gym_flags
+from unilab_ros.rl.done_codes import DoneCode, from_gym_flags
 
 DONE_RUNNING = DoneCode.RUNNING
 DONE_TERMINATED = DoneCode.TERMINATED

@@ -8,7 +8,7 @@ from typing import Any, NamedTuple
 import mlx.core as mx
 import numpy as np
 
-from unilab_ros.done_codes import DoneCode
+from unilab_ros.rl.done_codes import DoneCode
 
 RUNNING, TERMINATED, TRUNCATED = DoneCode.RUNNING, DoneCode.TERMINATED, DoneCode.TRUNCATED
 
@@ -20,8 +20,8 @@ class MiniBatch(NamedTuple):
     obs: mx.array
     actions: mx.array
     old_log_probs: mx.array
-    old_mu: mx.array
-    old_sigma: mx.array
+    old_mean: mx.array
+    old_std: mx.array
     returns: mx.array
     advantages: mx.array
     """As the buffer holds them: the trainer normalizes them over the rollout before
@@ -68,8 +68,8 @@ class RolloutBuffer:
         self.observations = np.zeros((*shape, obs_dim), np.float32)
         self.actions = np.zeros((*shape, action_dim), np.float32)
         self.log_probs = np.zeros(shape, np.float32)
-        self.mu = np.zeros((*shape, action_dim), np.float32)
-        self.sigma = np.zeros((*shape, action_dim), np.float32)
+        self.mean = np.zeros((*shape, action_dim), np.float32)
+        self.std = np.zeros((*shape, action_dim), np.float32)
         self.rewards = np.zeros(shape, np.float32)
         self.dones = np.zeros(shape, np.uint8)
         self.values = np.zeros(shape, np.float32)
@@ -105,9 +105,9 @@ class RolloutBuffer:
         if log_probs is not None:
             self.log_probs[t] = np.asarray(log_probs).reshape(self.num_envs)
         if mean is not None:
-            self.mu[t] = np.asarray(mean).reshape(self.num_envs, self.action_dim)
+            self.mean[t] = np.asarray(mean).reshape(self.num_envs, self.action_dim)
         if std is not None:
-            self.sigma[t] = np.broadcast_to(np.asarray(std), self.mu[t].shape)
+            self.std[t] = np.broadcast_to(np.asarray(std), self.mean[t].shape)
         self.step += 1
 
     def put(
@@ -132,8 +132,8 @@ class RolloutBuffer:
         self.rewards[steps, envs] = np.asarray(rewards).reshape(count)
         self.dones[steps, envs] = np.asarray(dones).reshape(count)
         self.log_probs[steps, envs] = np.asarray(log_probs).reshape(count)
-        self.mu[steps, envs] = np.asarray(mean).reshape(count, self.action_dim)
-        self.sigma[steps, envs] = np.broadcast_to(np.asarray(std), (count, self.action_dim))
+        self.mean[steps, envs] = np.asarray(mean).reshape(count, self.action_dim)
+        self.std[steps, envs] = np.broadcast_to(np.asarray(std), (count, self.action_dim))
 
     def mark_full(self) -> None:
         """Every slot was filled through ``put``: the rollout is complete."""
@@ -150,10 +150,10 @@ class RolloutBuffer:
         """Fill the policy outputs of all stored steps at once, each shaped (T, N, ...)."""
         t = self.step
         self.log_probs[:t] = np.asarray(log_probs).reshape(t, self.num_envs)
-        self.mu[:t] = np.asarray(action_mean).reshape(t, self.num_envs, self.action_dim)
+        self.mean[:t] = np.asarray(action_mean).reshape(t, self.num_envs, self.action_dim)
         std = np.asarray(action_std)
         # A state-independent std may come as one row; assignment broadcasts it.
-        self.sigma[:t] = std.reshape(self.mu[:t].shape if std.size > self.action_dim else -1)
+        self.std[:t] = std.reshape(self.mean[:t].shape if std.size > self.action_dim else -1)
         self.values[:t] = np.asarray(values).reshape(t, self.num_envs)
 
     def compute_returns_and_advantages(self, last_values: Any) -> None:
@@ -195,8 +195,8 @@ class RolloutBuffer:
             obs=rows(self.observations),
             actions=rows(self.actions),
             old_log_probs=rows(self.log_probs),
-            old_mu=rows(self.mu),
-            old_sigma=rows(self.sigma),
+            old_mean=rows(self.mean),
+            old_std=rows(self.std),
             returns=rows(self.returns),
             advantages=rows(self.advantages),
             old_values=rows(self.values),

@@ -262,7 +262,7 @@ class PPOTrainer:
 
         mean_d, std_d = mx.stop_gradient(mean), mx.stop_gradient(std)
         ratio_d, values_d = mx.stop_gradient(ratio), mx.stop_gradient(values)
-        kl = mx.mean(diag_gaussian_kl(batch.old_mu, batch.old_sigma, mean_d, std_d))
+        kl = mx.mean(diag_gaussian_kl(batch.old_mean, batch.old_std, mean_d, std_d))
         metrics = mx.stack(
             [
                 mx.stop_gradient(surrogate),

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 import sys
 import time
 from collections.abc import Callable
@@ -21,21 +20,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from diagnostic_msgs.msg import DiagnosticArray
-from rcl_interfaces.msg import SetParametersResult
 from rclpy.clock import Clock, ClockType
 from rclpy.node import Node
-from rclpy.parameter import Parameter
 from rclpy.qos import QoSProfile
-from rclpy.subscription import Subscription
-from std_msgs.msg import Bool, Float32MultiArray, String, UInt8MultiArray
-from std_srvs.srv import SetBool, Trigger
+from std_msgs.msg import Bool, String
 
 from unilab_ros.action_output import ActionOutput, ActionOutputConfig
 from unilab_ros.executors import run_node
-from unilab_ros.loop.action_safety import ActionSafetyConfig
-from unilab_ros.loop.config import LoopConfig
 from unilab_ros.loop.decisions import (
     BeginUpdate,
     Decision,
@@ -46,34 +38,23 @@ from unilab_ros.loop.decisions import (
     StepDropped,
 )
 from unilab_ros.loop.training_loop import Phase, TrainingLoop
-from unilab_ros.loop.watchdog import Watchdog, WatchdogConfig
-from unilab_ros.messages import MessageError, read_done_codes, read_matrix, read_vector
-from unilab_ros.params import ConfigError, declare_config, read_config, warn_unknown_parameters
+from unilab_ros.loop.watchdog import Watchdog
+from unilab_ros.params import ConfigError
 from unilab_ros.rl import PPOAgent, heap
-from unilab_ros.rl.actions import ActionConfig
-from unilab_ros.rl.agent import AgentConfig
 from unilab_ros.rl.blas import blas_description
-from unilab_ros.rl.bundle import BundleError
 from unilab_ros.rl.checkpoint import CheckpointError
 from unilab_ros.rl.episodes import EpisodeStats
-from unilab_ros.rl.finetune import FineTuneConfig
-from unilab_ros.rl.model import ModelConfig
-from unilab_ros.rl.ppo import PPOConfig
-from unilab_ros.rl.ppo_runtime import PPORuntimeConfig
 from unilab_ros.sim_pause import SimPause
 from unilab_ros.trainer import reports
 from unilab_ros.trainer.artifacts import RunArtifacts, output_folder
-from unilab_ros.trainer.messages_in import drain, stamped_at_entry, stamped_at_reception
-from unilab_ros.trainer.session import SessionConfig, build_session
-from unilab_ros.trainer_config import TrainerNodeConfig
+from unilab_ros.trainer.messages_in import RobotInput
+from unilab_ros.trainer.parameters import LiveParameters, read_parameters
+from unilab_ros.trainer.services import TrainerServices
+from unilab_ros.trainer.session import build_session
 
 NODE_NAME = "unilab_trainer"
-LIVE_PARAMETERS = frozenset({"training", "deterministic", "ppo.learning_rate"})
-"""Parameters that take effect while running; every other one is read-only after start."""
 _WARN_PERIOD = 5.0
 """Seconds between repeats of one kind of warning."""
-_SAVE_SERVICE_MIN_PERIOD = 1.0
-"""Seconds between two saves asked for through ~/save_checkpoint."""
 
 
 def _while_ros_runs(method: Callable[..., None]) -> Callable[..., None]:
@@ -90,11 +71,9 @@ def _while_ros_runs(method: Callable[..., None]) -> Callable[..., None]:
 
 @dataclass(frozen=True)
 class _RobotIO:
-    """A robot's topics and simulator services (the trainer's own with no fleet)."""
+    """A robot's messages in, actions out and simulator services."""
 
-    obs_sub: Subscription[Any]
-    reward_sub: Subscription[Any]
-    done_sub: Subscription[Any]
+    input: RobotInput
     action_out: ActionOutput
     sim: SimPause
 
@@ -110,7 +89,7 @@ class TrainerNode(Node):
         # node whose constructor raised, and such a node has nothing to save.
         self._closed = True
         super().__init__(NODE_NAME, **kwargs)
-        self.cfg, session_cfg, output_cfg = self._read_parameters()
+        self.cfg, session_cfg, output_cfg = read_parameters(self)
         try:
             session = build_session(session_cfg)
         except (ValueError, CheckpointError) as error:
@@ -128,7 +107,6 @@ class TrainerNode(Node):
         self.loop: TrainingLoop = session.loop
         self.num_envs, self.obs_dim = self.loop.actions.safe.shape[0], session_cfg.agent.obs_dim
         self.watchdog_cfg = session_cfg.watchdog
-        self._last_service_save = -math.inf
         self._warned_at: dict[str, float] = {}
         self.report = reports.IterationReport(self.loop)
         try:
@@ -150,45 +128,6 @@ class TrainerNode(Node):
         )
         self._closed = False
 
-    def _read_parameters(self) -> tuple[TrainerNodeConfig, SessionConfig, ActionOutputConfig]:
-        """Declare every parameter from the config dataclasses and read them back."""
-        for config, prefix in (
-            (AgentConfig(), ""),
-            (ActionConfig(), ""),
-            (LoopConfig(), ""),
-            (WatchdogConfig(), ""),
-            (ActionOutputConfig(), ""),
-            (ActionSafetyConfig(), ""),
-            (TrainerNodeConfig(), ""),
-            (FineTuneConfig(), "finetune"),
-            (ModelConfig(), "model"),
-            (PPOConfig(), "ppo"),
-            (PPORuntimeConfig(), "ppo"),
-        ):
-            declare_config(self, config, prefix, LIVE_PARAMETERS)
-        warn_unknown_parameters(self)
-        cfg = read_config(self, TrainerNodeConfig)
-        session = SessionConfig(
-            agent=read_config(self, AgentConfig),
-            loop=read_config(self, LoopConfig),
-            watchdog=read_config(self, WatchdogConfig),
-            safety=read_config(self, ActionSafetyConfig),
-            robots=cfg.robots,
-            resume_from=cfg.resume_from,
-            warm_up=cfg.warm_up_update,
-            best_min_episodes=cfg.best_min_episodes,
-        )
-        output = read_config(self, ActionOutputConfig)
-        try:
-            session.model = read_config(self, ModelConfig, "model")
-            session.ppo = read_config(self, PPOConfig, "ppo")
-            session.runtime = read_config(self, PPORuntimeConfig, "ppo")
-            session.fine_tune = read_config(self, FineTuneConfig, "finetune")
-            session.actions = read_config(self, ActionConfig)
-        except ValueError as error:
-            raise ConfigError(str(error)) from None
-        return cfg, session, output
-
     def _connect_all(
         self, arrival_ordered: bool, output_cfg: ActionOutputConfig, step_timeout: float
     ) -> None:
@@ -196,22 +135,16 @@ class TrainerNode(Node):
         qos = QoSProfile(depth=self.cfg.qos_depth)
         self._status_pub = self.create_publisher(String, "~/status", qos)
         self._diag_pub = self.create_publisher(DiagnosticArray, "/diagnostics", qos)
-        subscribe = stamped_at_entry if arrival_ordered else stamped_at_reception
         self._robots = [
-            self._connect(r, robot.name, subscribe, output_cfg, qos)
+            self._connect(r, robot.name, arrival_ordered, output_cfg, qos)
             for r, robot in enumerate(self.loop.robots)
         ]
         self._paused_robots: list[int] = []
         """The robots whose simulators were paused for the update in progress."""
         self.create_subscription(Bool, "estop", self._on_estop, qos)
         if self.cfg.control_services:
-            self.create_service(Trigger, "~/save_checkpoint", self._srv_save)
-            self.create_service(Trigger, "~/export_bundle", self._srv_export_bundle)
-            self.create_service(SetBool, "~/set_training", self._srv_set_training)
-            self.create_service(SetBool, "~/set_deterministic", self._srv_set_deterministic)
-        # Validated first, for all of them; applied once every one was accepted.
-        self.add_on_set_parameters_callback(self._validate_parameters)
-        self.add_post_set_parameters_callback(self._apply_parameters)
+            TrainerServices(self, self.loop, self.artifacts, self.save, f"{NODE_NAME} (live)")
+        LiveParameters(self, self.loop, self.cfg.control_services)
         steady = Clock(clock_type=ClockType.STEADY_TIME)
         # Step deadlines follow the node clock (a paused simulator drops nothing); the
         # watchdog follows the steady clock (it must fire even when sim time stops).
@@ -221,7 +154,7 @@ class TrainerNode(Node):
         self.create_timer(self.cfg.wait_report_period, self._report_waiting, clock=steady)
 
     def _connect(
-        self, r: int, name: str, subscribe: Any, output_cfg: ActionOutputConfig,
+        self, r: int, name: str, arrival_ordered: bool, output_cfg: ActionOutputConfig,
         qos: QoSProfile,
     ) -> _RobotIO:
         """Topics and simulator services of robot ``r``, under namespace ``name``."""
@@ -231,13 +164,10 @@ class TrainerNode(Node):
             # A relative service name is the robot's (its simulator's pause).
             return service if not service or service.startswith("/") else prefix + service
 
+        limits = (self.cfg.observation_limit, self.cfg.reward_limit)
         return _RobotIO(
-            subscribe(self, Float32MultiArray, prefix + "observation",
-                      functools.partial(self._on_observation, r), qos),
-            subscribe(self, Float32MultiArray, prefix + "reward",
-                      functools.partial(self._on_reward, r), qos),
-            subscribe(self, UInt8MultiArray, prefix + "done",
-                      functools.partial(self._on_done, r), qos),
+            RobotInput(self, self.loop, r, prefix, arrival_ordered, qos, limits,
+                       self._carry_out),
             ActionOutput(self, output_cfg, qos, prefix + "action"),
             SimPause(
                 self,
@@ -268,59 +198,7 @@ class TrainerNode(Node):
     def counters(self) -> dict[str, int]:
         return self.loop.counters
 
-    # Message callbacks: convert, validate, hand over to the loop, carry out its decisions.
-
-    def _read(
-        self, kind: str, reader: Any, msg: Any, *shape: int, **limit: float
-    ) -> np.ndarray | None:
-        try:
-            return reader(msg, *shape, **limit)
-        except MessageError as error:
-            rejected = self.loop.counters.add(f"rejected_{kind}s")
-            # Throttled per topic: rclpy throttles per call site, and one noisy topic
-            # must not hide the others' problems.
-            now = time.monotonic()
-            if now - self._warned_at.get(kind, -math.inf) >= _WARN_PERIOD:
-                self._warned_at[kind] = now
-                self.get_logger().warning(f"rejected {kind} ({rejected} so far): {error.reason}")
-            return None
-
-    @_while_ros_runs
-    def _on_observation(self, r: int, msg: Float32MultiArray, stamp: int) -> None:
-        self._receive_observation(r, msg, stamp)
-
-    @_while_ros_runs
-    def _on_reward(self, r: int, msg: Float32MultiArray, stamp: int) -> None:
-        self._receive_reward(r, msg, stamp)
-
-    @_while_ros_runs
-    def _on_done(self, r: int, msg: UInt8MultiArray, stamp: int) -> None:
-        self._receive_done(r, msg, stamp)
-
-    def _receive_observation(self, r: int, msg: Float32MultiArray, stamp: int) -> bool:
-        """Hand a valid observation of robot ``r`` to the loop; False when it was rejected."""
-        obs = self._read(
-            "observation", read_matrix, msg, self.num_envs, self.obs_dim,
-            limit=self.cfg.observation_limit,
-        )
-        if obs is not None:
-            self._carry_out(self.loop.on_observation(r, obs, stamp, self._now(),
-                                                     time.monotonic()))
-        return obs is not None
-
-    def _receive_reward(self, r: int, msg: Float32MultiArray, stamp: int) -> bool:
-        reward = self._read(
-            "reward", read_vector, msg, self.num_envs, limit=self.cfg.reward_limit
-        )
-        if reward is not None:
-            self._carry_out(self.loop.on_reward(r, reward, stamp, self._now()))
-        return reward is not None
-
-    def _receive_done(self, r: int, msg: UInt8MultiArray, stamp: int) -> bool:
-        done = self._read("done", read_done_codes, msg, self.num_envs)
-        if done is not None:
-            self._carry_out(self.loop.on_done(r, done, stamp, self._now()))
-        return done is not None
+    # Decisions.
 
     @_while_ros_runs
     def _on_estop(self, msg: Bool) -> None:
@@ -407,7 +285,7 @@ class TrainerNode(Node):
         topics = ", ".join(
             f"{sub.topic_name} ({self.count_publishers(sub.topic_name)} publishers)"
             for robot in self._robots
-            for sub in (robot.obs_sub, robot.reward_sub, robot.done_sub)
+            for sub in robot.input.subscriptions
         )
         outputs = ", ".join(robot.action_out.topic_name for robot in self._robots)
         self.get_logger().info(
@@ -467,18 +345,8 @@ class TrainerNode(Node):
         self._carry_out(self.loop.resume(self._now(), time.monotonic()))
 
     def _drain_queued(self) -> None:
-        """Discard what arrived during the update (see ``drain``); the loop counts a valid
-        one as discarded (it is updating) and keeps the newest observation; bad input is
-        bad input whenever it comes: counted (and logged) as such, and discarded."""
-        for r, robot in enumerate(self._robots):
-            for sub, receive in (
-                (robot.obs_sub, self._receive_observation),
-                (robot.reward_sub, self._receive_reward),
-                (robot.done_sub, self._receive_done),
-            ):
-                invalid = drain(sub, functools.partial(receive, r))
-                for _ in range(invalid):
-                    self.loop.counters.add("discarded_during_update")
+        for robot in self._robots:
+            robot.input.drain()
 
     def _report_iteration(self, metrics: dict[str, float]) -> None:
         values = self.report.values(metrics)
@@ -525,92 +393,6 @@ class TrainerNode(Node):
             self.get_logger().info(text)
         else:
             print(f"[{level.upper()}] [{self.get_name()}]: {text}", file=sys.stderr, flush=True)
-
-    def _srv_save(self, _request: Trigger.Request, response: Trigger.Response) -> Any:
-        # Each save stalls acting for tens of ms: a flood of calls must not stall the robot.
-        since = time.monotonic() - self._last_service_save
-        if since < _SAVE_SERVICE_MIN_PERIOD:
-            self.loop.counters.add("save_requests_refused")
-            response.success = False
-            response.message = (
-                f"saved {since:.2f} s ago; saving at most once every "
-                f"{_SAVE_SERVICE_MIN_PERIOD:g} s"
-            )
-            return response
-        self._last_service_save = time.monotonic()
-        path = self.save("service call")
-        response.success = path is not None
-        response.message = (
-            str(path) if path is not None
-            else f"saving failed: {self.artifacts.last_save_error}"
-        )
-        return response
-
-    def _srv_export_bundle(self, _request: Trigger.Request, response: Trigger.Response) -> Any:
-        """Write the current policy as a bundle next to the checkpoints."""
-        try:
-            path = self.artifacts.export_bundle(f"{NODE_NAME} (live)")
-        # MLX reports a full disk as RuntimeError, the filesystem the rest as OSError.
-        except (BundleError, OSError, RuntimeError) as error:
-            response.success = False
-            response.message = f"export failed: {type(error).__name__}: {error}"
-            return response
-        self.get_logger().info(f"policy bundle written: {path}")
-        response.success, response.message = True, str(path)
-        return response
-
-    def _srv_set_training(self, request: SetBool.Request, response: SetBool.Response) -> Any:
-        return self._set_by_service("training", request.data, response)
-
-    def _srv_set_deterministic(self, request: SetBool.Request, response: SetBool.Response) -> Any:
-        return self._set_by_service("deterministic", request.data, response)
-
-    def _set_by_service(self, name: str, value: bool, response: SetBool.Response) -> Any:
-        """The services set the parameter, so both always agree (one path: the callbacks)."""
-        result = self.set_parameters([Parameter(name, value=bool(value))])[0]
-        response.success = result.successful
-        response.message = f"{name}={getattr(self.loop.cfg, name)}" + (
-            "" if result.successful else f": {result.reason}"
-        )
-        return response
-
-    def _validate_parameters(self, params: list[Parameter]) -> SetParametersResult:
-        """Accept the live changes only if every one is valid (none is applied here)."""
-        live = [param.name for param in params if param.name in LIVE_PARAMETERS]
-        if live and not self.cfg.control_services:
-            return SetParametersResult(
-                successful=False,
-                reason=f"{', '.join(live)}: run-time control is off (control_services: false)",
-            )
-        ppo = self.agent.ppo_cfg
-        for param in params:
-            if param.name != "ppo.learning_rate":
-                continue
-            rate = float(param.value)
-            # One step at a huge rate wrecks the weights for good: keep to the schedule's
-            # own bounds.
-            if not (math.isfinite(rate) and ppo.min_learning_rate <= rate
-                    <= ppo.max_learning_rate):
-                return SetParametersResult(
-                    successful=False,
-                    reason=f"ppo.learning_rate must be within ppo.min_learning_rate .. "
-                    f"ppo.max_learning_rate ({ppo.min_learning_rate:g} .. "
-                    f"{ppo.max_learning_rate:g}), got {rate:g}",
-                )
-        return SetParametersResult(successful=True)
-
-    def _apply_parameters(self, params: list[Parameter]) -> None:
-        """Put the accepted live changes into effect."""
-        for param in params:
-            if param.name == "training":
-                self.loop.set_training(bool(param.value))
-            elif param.name == "deterministic":
-                self.loop.set_deterministic(bool(param.value))
-            elif param.name == "ppo.learning_rate":
-                self.agent.set_learning_rate(float(param.value))
-            else:
-                continue
-            self.get_logger().info(f"parameter {param.name} set to {param.value}")
 
     def close(self) -> None:
         """Save on the way out (shutdown, signal, or the last iteration); once."""

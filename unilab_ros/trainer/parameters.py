@@ -1,0 +1,120 @@
+"""The trainer's parameters: declared from the config dataclasses, read into a session's
+configs, and the live ones validated and applied in separate callbacks (as ros2/demos'
+``set_parameters_callback.py`` does: on-set validates every change, post-set applies)."""
+
+from __future__ import annotations
+
+import math
+
+from rcl_interfaces.msg import SetParametersResult
+from rclpy.node import Node
+from rclpy.parameter import Parameter
+
+from unilab_ros.action_output import ActionOutputConfig
+from unilab_ros.loop.action_safety import ActionSafetyConfig
+from unilab_ros.loop.config import LoopConfig
+from unilab_ros.loop.training_loop import TrainingLoop
+from unilab_ros.loop.watchdog import WatchdogConfig
+from unilab_ros.params import ConfigError, declare_config, read_config, warn_unknown_parameters
+from unilab_ros.rl.actions import ActionConfig
+from unilab_ros.rl.agent import AgentConfig
+from unilab_ros.rl.finetune import FineTuneConfig
+from unilab_ros.rl.model import ModelConfig
+from unilab_ros.rl.ppo import PPOConfig
+from unilab_ros.rl.ppo_runtime import PPORuntimeConfig
+from unilab_ros.trainer.session import SessionConfig
+from unilab_ros.trainer_config import TrainerNodeConfig
+
+LIVE_PARAMETERS = frozenset({"training", "deterministic", "ppo.learning_rate"})
+"""Parameters that take effect while running; every other one is read-only after start."""
+
+
+def read_parameters(node: Node) -> tuple[TrainerNodeConfig, SessionConfig, ActionOutputConfig]:
+    """Declare every parameter from the config dataclasses and read them back; a bad
+    value raises ConfigError with the reason."""
+    for config, prefix in (
+        (AgentConfig(), ""),
+        (ActionConfig(), ""),
+        (LoopConfig(), ""),
+        (WatchdogConfig(), ""),
+        (ActionOutputConfig(), ""),
+        (ActionSafetyConfig(), ""),
+        (TrainerNodeConfig(), ""),
+        (FineTuneConfig(), "finetune"),
+        (ModelConfig(), "model"),
+        (PPOConfig(), "ppo"),
+        (PPORuntimeConfig(), "ppo"),
+    ):
+        declare_config(node, config, prefix, LIVE_PARAMETERS)
+    warn_unknown_parameters(node)
+    cfg = read_config(node, TrainerNodeConfig)
+    session = SessionConfig(
+        agent=read_config(node, AgentConfig),
+        loop=read_config(node, LoopConfig),
+        watchdog=read_config(node, WatchdogConfig),
+        safety=read_config(node, ActionSafetyConfig),
+        robots=cfg.robots,
+        resume_from=cfg.resume_from,
+        warm_up=cfg.warm_up_update,
+        best_min_episodes=cfg.best_min_episodes,
+    )
+    output = read_config(node, ActionOutputConfig)
+    try:
+        session.model = read_config(node, ModelConfig, "model")
+        session.ppo = read_config(node, PPOConfig, "ppo")
+        session.runtime = read_config(node, PPORuntimeConfig, "ppo")
+        session.fine_tune = read_config(node, FineTuneConfig, "finetune")
+        session.actions = read_config(node, ActionConfig)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    return cfg, session, output
+
+
+class LiveParameters:
+    """The live parameters of a running loop: ``validate`` (on-set) accepts a change only
+    if every value in it is valid, ``apply`` (post-set) puts the accepted ones into effect.
+    """
+
+    def __init__(self, node: Node, loop: TrainingLoop, control_services: bool) -> None:
+        self._node = node
+        self._loop = loop
+        self._control = control_services
+        node.add_on_set_parameters_callback(self.validate)
+        node.add_post_set_parameters_callback(self.apply)
+
+    def validate(self, params: list[Parameter]) -> SetParametersResult:
+        live = [param.name for param in params if param.name in LIVE_PARAMETERS]
+        if live and not self._control:
+            return SetParametersResult(
+                successful=False,
+                reason=f"{', '.join(live)}: run-time control is off (control_services: false)",
+            )
+        ppo = self._loop.agent.ppo_cfg
+        for param in params:
+            if param.name != "ppo.learning_rate":
+                continue
+            rate = float(param.value)
+            # One step at a huge rate wrecks the weights for good: keep to the schedule's
+            # own bounds.
+            if not (math.isfinite(rate)
+                    and ppo.min_learning_rate <= rate <= ppo.max_learning_rate):
+                return SetParametersResult(
+                    successful=False,
+                    reason=f"ppo.learning_rate must be within ppo.min_learning_rate .. "
+                    f"ppo.max_learning_rate ({ppo.min_learning_rate:g} .. "
+                    f"{ppo.max_learning_rate:g}), got {rate:g}",
+                )
+        return SetParametersResult(successful=True)
+
+    def apply(self, params: list[Parameter]) -> None:
+        loop = self._loop
+        for param in params:
+            if param.name == "training":
+                loop.set_training(bool(param.value))
+            elif param.name == "deterministic":
+                loop.set_deterministic(bool(param.value))
+            elif param.name == "ppo.learning_rate":
+                loop.agent.set_learning_rate(float(param.value))
+            else:
+                continue
+            self._node.get_logger().info(f"parameter {param.name} set to {param.value}")
