@@ -431,3 +431,31 @@ def test_an_estop_during_the_update_holds_the_safe_action_after_it():
     assert driver.loop.stored_steps == 0 and driver.agent.iteration == 1
     decision = one(driver.loop.resume(driver.now, driver.now))
     assert decision.estop and is_safe(decision.command)
+
+
+def test_a_clock_that_jumps_back_drops_a_lost_step_within_step_timeout():
+    driver = Driver()
+    driver.now = 50.0
+    driver.start()  # its answer is lost; then sim time restarts 20 s earlier
+    driver.now = 30.0
+    assert driver.loop.check_step_deadlines(driver.now) == []
+    driver.now += STEP_TIMEOUT + 0.01
+    # Measured on the old time line the deadline would be 20 s away.
+    assert driver.loop.check_step_deadlines(driver.now) == [StepDropped(0)]
+
+
+def test_copies_of_the_latest_observation_do_not_keep_the_watchdog_quiet():
+    driver = Driver()
+    obs = driver.new_obs()
+    driver.start(obs)
+    loop, now = driver.loop, driver.now  # the action is lost and the sim clock stops
+    copies = [one(loop.on_observation(0, obs, driver.stamp + k, now, 0.2 * k))
+              for k in range(1, 6)]
+    assert copies == [None] * 5, "a re-published copy is not the step's next observation"
+    silence = one(loop.check_watchdogs(OBS_TIMEOUT + 0.01))
+    assert silence is not None and silence.first and silence.publish_safe
+    assert loop.step_counters["steps_dropped"] == 1
+    # The next copy starts a new segment: acting on it ends the silence.
+    acted = one(loop.on_observation(0, obs, driver.stamp + 6, now, OBS_TIMEOUT + 0.1))
+    assert isinstance(acted, PublishAction)
+    assert one(loop.check_watchdogs(OBS_TIMEOUT + 0.2)) is None

@@ -135,8 +135,18 @@ class StepSync:
         self._pending = _Pending(obs, action, obs_stamp, now + self.step_timeout)
 
     def expired(self, now: float) -> bool:
-        """Drop the outstanding step if its deadline passed; True when one was dropped."""
-        if self._pending is None or now <= self._pending.deadline:
+        """Drop the outstanding step if its deadline passed; True when one was dropped.
+
+        A clock that went back (sim time restarted, a replayed /clock) since the action
+        moves the deadline to ``step_timeout`` from now: measured on the old time line it
+        would lie as far away as the clock jumped.
+        """
+        pending = self._pending
+        if pending is None:
+            return False
+        if now < pending.deadline - self.step_timeout:
+            pending.deadline = now + self.step_timeout
+        if now <= pending.deadline:
             return False
         return self.drop()
 

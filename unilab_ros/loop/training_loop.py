@@ -155,16 +155,24 @@ class TrainingLoop:
     def on_observation(
         self, r: int, obs: np.ndarray, stamp: int, now: float, steady: float
     ) -> list[Decision]:
-        """A valid observation of robot ``r``."""
+        """A valid observation of robot ``r``. A copy of its latest one (an environment
+        re-publishing the state it waits at) is no sign of life for the watchdog unless the
+        loop acts on it: with a lost message and a stopped clock, copies would keep the
+        watchdog from ever tripping."""
         robot = self.robots[r]
+        if robot.latest_obs is None or not np.array_equal(obs, robot.latest_obs[0]):
+            robot.watchdog.observed(steady)
         robot.latest_obs = (obs, stamp)
         robot.heard = now
-        robot.watchdog.observed(steady)
         if self.phase is Phase.WAITING:
             self.phase = Phase.COLLECTING
         if not self._collecting():
             return []
-        return self.step(r, robot.source.on_observation(obs, stamp), now)
+        event = robot.source.on_observation(obs, stamp)
+        if isinstance(event, SegmentStart):
+            # Acting again on the state the robot waits at: the silence, if any, ends.
+            robot.watchdog.observed(steady)
+        return self.step(r, event, now)
 
     def on_reward(self, r: int, reward: np.ndarray, stamp: int, now: float) -> list[Decision]:
         """A valid reward of robot ``r``."""
