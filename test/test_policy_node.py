@@ -6,6 +6,7 @@ The node is a lifecycle node: the harness configures and activates it as a launc
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import mlx.core as mx
@@ -19,6 +20,7 @@ from ros_helpers import spin_until
 from std_msgs.msg import Bool, Float32MultiArray, Float64MultiArray
 from std_srvs.srv import SetBool
 
+from unilab_ros.graph_checks import LIVE_WINDOW
 from unilab_ros.messages import read_matrix, to_float32_msg
 from unilab_ros.params import ConfigError
 from unilab_ros.policy_node import PolicyNode
@@ -381,3 +383,24 @@ def test_the_rate_limit_bounds_each_published_change(make_harness, exported):
         assert np.all(np.abs(action - previous) <= 0.05 + 1e-6)
         previous = action
     assert not np.allclose(previous, expected_action(model, obs)), "still on its way"
+
+
+def test_another_node_commanding_the_robot_blocks_activation(make_harness, exported):
+    harness = make_harness(exported[0], activate=False)
+    rival = harness.peer.create_publisher(Float32MultiArray, "action", 10)
+    assert harness.node.trigger_configure() == TransitionCallbackReturn.SUCCESS
+    command = to_float32_msg(np.zeros((NUM_ENVS, ACTION_DIM), np.float32), ("env", "action"))
+    harness.node.trigger_activate()  # the first check starts listening on the topic
+    harness.node.trigger_deactivate()
+    # A publisher that sends nothing (e.g. a killed process's ghost) is no rival; one that
+    # commands is.
+    deadline = time.monotonic() + 1.0
+    while time.monotonic() < deadline:
+        rival.publish(command)
+        harness.spin_until(lambda: False, 0.05)
+    assert harness.node.trigger_activate() != TransitionCallbackReturn.SUCCESS
+    assert harness.node.state == "inactive"
+    harness.peer.destroy_publisher(rival)
+    assert harness.spin_until(lambda: harness.node.count_publishers("action") == 1)
+    harness.spin_until(lambda: False, LIVE_WINDOW + 0.1)
+    assert harness.node.trigger_activate() == TransitionCallbackReturn.SUCCESS

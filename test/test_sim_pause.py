@@ -178,3 +178,31 @@ def test_a_robot_whose_pause_goes_unanswered_stalls_at_once(fleet_of_two):
     failures, iteration = trainer.status()["sim_service_failures"], trainer.agent.iteration
     assert spin_until(executor, lambda: trainer.agent.iteration >= iteration + 2, WAIT_S)
     assert trainer.status()["sim_service_failures"] == failures
+
+
+def test_a_trainer_resumes_a_simulator_left_paused_at_its_start(context, tmp_path):
+    """A trainer killed during an update leaves its bridge paused; the next one resumes
+    it at start rather than leave every env to wait out max_pause (30 s)."""
+    from std_srvs.srv import Empty
+
+    bridge = GymEnvNode(context=context, parameter_overrides=overrides({
+        "num_envs": NUM_ENVS, "republish_period": 0.1}))
+    bridge._srv_pause(Empty.Request(), Empty.Response())
+    assert bridge.paused
+    bridge_executor, executor = (SingleThreadedExecutor(context=context) for _ in "ab")
+    bridge_executor.add_node(bridge)
+    thread = threading.Thread(target=bridge_executor.spin, daemon=True)
+    thread.start()
+    trainer = TrainerNode(context=context, parameter_overrides=overrides({
+        **TINY_TRAINER, **PAUSING, "checkpoint_dir": str(tmp_path / "checkpoints")}))
+    executor.add_node(trainer)
+    try:
+        assert spin_until(executor, lambda: trainer.loop.step_counters["steps_completed"] > 0,
+                          10.0), "the paused bridge was not resumed"
+        assert not bridge.paused
+    finally:
+        bridge_executor.shutdown()
+        executor.shutdown()
+        thread.join(timeout=5.0)
+        trainer.destroy_node()
+        bridge.destroy_node()

@@ -682,6 +682,20 @@ def get_remote(env: FakeEnv, name: str):
         rcl_interfaces.msg.Parameter(name=name, value=response.values[0])).value
 
 
+def test_every_parameter_has_a_value_and_a_misspelt_one_is_named(make_env):
+    env = make_env()
+    # `ros2 param dump` lists only parameters with a value: robots' empty list is one.
+    response = env.call(GetParameters, "get_parameters", GetParameters.Request(names=[
+        name for name in env.trainer._parameters]))
+    unset = [name for name, value in zip(env.trainer._parameters, response.values,
+                                         strict=True)
+             if value.type == rcl_interfaces.msg.ParameterType.PARAMETER_NOT_SET]
+    assert unset == []
+    assert list(get_remote(env, "robots")) == []
+    (result,) = set_remote(env, **{"ppo.learnig_rate": 1e-4})
+    assert not result.successful and "ppo.learnig_rate" in result.reason
+
+
 @pytest.mark.parametrize("name, value", [("num_envs", 8), ("num_envs", -1),
                                          ("ppo.clip_param", 0.1), ("action_high", [0.5])])
 def test_start_up_parameters_refuse_changes_with_a_reason(make_env, name, value):

@@ -40,8 +40,10 @@ class ActionOutput:
         # A lifecycle node's publisher sends only while the node is active.
         self._lifecycle = isinstance(node, LifecycleNode)
         create = node.create_lifecycle_publisher if self._lifecycle else node.create_publisher
-        message_type = Float64MultiArray if float64 else Float32MultiArray
-        self._publisher = create(message_type, topic, qos)
+        self.message_type = Float64MultiArray if float64 else Float32MultiArray
+        self.dtype = np.float64 if float64 else np.float32
+        """What one element of a published command is on the wire."""
+        self._publisher = create(self.message_type, topic, qos)
 
     @property
     def topic_name(self) -> str:

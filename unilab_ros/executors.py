@@ -57,7 +57,8 @@ def run_node(
     """A node executable's main: init, build, spin, clean up; exit 2 on a config error.
 
     ``build`` gets whether the executor delivers messages in arrival order. A node
-    with a ``finished`` attribute ends the spin when it turns true. On the way out
+    with a ``finished`` attribute ends the spin when it turns true, and exits with its
+    ``exit_code`` attribute, if any. On the way out
     (signal, shutdown or finish) ``destroy_node`` runs, where nodes save their work.
     """
     # Before rclpy.init: Fast DDS reads its profile when the first participant is made.
@@ -91,6 +92,8 @@ def run_node(
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, request_stop)
         spin(executor, lambda: stop_requested or bool(getattr(node, "finished", False)))
+        # A node that refused to run on says so with its exit code.
+        code = int(getattr(node, "exit_code", 0))
     except config_errors as error:
         rclpy.logging.get_logger(name).fatal(f"cannot start: {error}")
         code = 2

@@ -78,9 +78,10 @@ def declare_config(
             read_only=read_only,
         )
         try:
-            # rclpy would type an empty list as bytes, refusing the strings given later.
-            typed = Parameter.Type.STRING_ARRAY if default == [] else default
-            node.declare_parameter(name, typed, descriptor)
+            if default == []:
+                _declare_empty_list(node, name, descriptor)
+            else:
+                node.declare_parameter(name, default, descriptor)
         except InvalidParameterTypeException as error:
             raise ConfigError(
                 f"parameter '{name}' must be {_type_name(default)} like its default "
@@ -88,6 +89,22 @@ def declare_config(
             ) from None
         except ParameterException as error:
             raise ConfigError(f"parameter '{name}': {error}") from None
+
+
+def _declare_empty_list(node: Node, name: str, descriptor: ParameterDescriptor) -> None:
+    """Declare a string-list parameter whose default is empty, with that empty value.
+
+    rclpy would type an empty list as bytes, refusing the strings given later; declared
+    by type alone it would hold no value, and ``ros2 param get``/``dump`` would call it
+    "not set". So it is declared writable by type, given its empty value unless a value
+    was given, and only then made read-only as asked.
+    """
+    writable = ParameterDescriptor(description=descriptor.description)
+    declared = node.declare_parameter(name, Parameter.Type.STRING_ARRAY, writable)
+    if declared.type_ == Parameter.Type.NOT_SET:
+        node.set_parameters([Parameter(name, Parameter.Type.STRING_ARRAY, [])])
+    descriptor.type = Parameter.Type.STRING_ARRAY.value
+    node.set_descriptor(name, descriptor)
 
 
 def unknown_parameters(node: Node) -> list[str]:

@@ -27,6 +27,7 @@ from std_srvs.srv import SetBool
 
 from unilab_ros.action_output import ActionOutput, ActionOutputConfig
 from unilab_ros.executors import run_node
+from unilab_ros.graph_checks import RivalWatch
 from unilab_ros.loop.action_safety import ActionGuard, ActionSafetyConfig
 from unilab_ros.loop.counters import Counters
 from unilab_ros.loop.watchdog import Watchdog, WatchdogConfig
@@ -98,6 +99,8 @@ class PolicyNode(LifecycleNode):
             ("actions", "rejected_observations", "watchdog_trips", "nonfinite_actions", "estops")
         )
         self.estopped = False
+        self._rivals: list[str] = []
+        """Other nodes that publish this node's actions (see ``graph_checks``)."""
         self._qos = QoSProfile(depth=self.cfg.qos_depth)
         self._steady = Clock(clock_type=ClockType.STEADY_TIME)
         self._status_pub = self.create_publisher(String, "~/status", self._qos)
@@ -120,6 +123,7 @@ class PolicyNode(LifecycleNode):
             return TransitionCallbackReturn.FAILURE
         self.sampler = PolicySampler(self.model, bundle.seed)
         self._action_out = ActionOutput(self, self.output_cfg, self._qos)
+        self._watch = RivalWatch(self, [self._action_out], self._qos, listen_for=0.0)
         self._obs_sub = self.create_subscription(
             Float32MultiArray, "observation", self._on_observation, self._qos
         )
@@ -136,6 +140,13 @@ class PolicyNode(LifecycleNode):
         return TransitionCallbackReturn.SUCCESS
 
     def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
+        found = self._watch.check()
+        if found:
+            self.get_logger().error(
+                f"not activated: {'; '.join(found)} (two nodes commanding one robot fight "
+                "over it)"
+            )
+            return TransitionCallbackReturn.FAILURE
         self.guard.hold()
         self.watchdog.reset()
         self.state = "active"
@@ -165,6 +176,7 @@ class PolicyNode(LifecycleNode):
 
     def _release(self) -> None:
         """Drop what configure made: the publisher, subscription, timer and the policy."""
+        self._watch.close()
         self._action_out.destroy()
         self.destroy_subscription(self._obs_sub)
         self.destroy_timer(self._watchdog_timer)
@@ -187,7 +199,18 @@ class PolicyNode(LifecycleNode):
         return settings
 
     def _publish(self, actions: np.ndarray) -> None:
-        self._action_out.publish(actions)
+        if not self._rivals:
+            self._watch.publish(0, actions)
+
+    def _check_rivals(self) -> None:
+        """While active, withhold every action while another node commands the robot."""
+        found = self._watch.check()
+        if found and found != self._rivals:
+            self.get_logger().error(
+                f"{'; '.join(found)}: commanding stopped until it is gone")
+        elif self._rivals and not found:
+            self.get_logger().info("the rival is gone: commanding again")
+        self._rivals = found
 
     def _on_estop(self, msg: Bool) -> None:
         engaged = bool(msg.data)
@@ -255,6 +278,8 @@ class PolicyNode(LifecycleNode):
         return SetParametersResult(successful=True)
 
     def _publish_status(self) -> None:
+        if self.state == "active":
+            self._check_rivals()
         status = {"state": self.state, "estop": self.estopped, "watchdog": self.watchdog.tripped}
         self._status_pub.publish(String(data=json.dumps({**status, **self.counters})))
 

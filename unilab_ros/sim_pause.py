@@ -43,6 +43,16 @@ class SimPause:
         """Whether the last call was sent and got no answer within the timeout (a dead
         simulator whose service still looks ready); False when none was sent."""
 
+    @property
+    def can_resume(self) -> bool:
+        """A resume service is configured."""
+        return self._resume is not None
+
+    @property
+    def resume_ready(self) -> bool:
+        """A resume service is configured and discovered."""
+        return self._resume is not None and self._resume.service_is_ready()
+
     def pause(self, then: Callable[[], None]) -> None:
         """Request a pause; ``then()`` runs once it answered or timed out, or at once when
         no pause service is configured or available."""

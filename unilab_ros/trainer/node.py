@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from diagnostic_msgs.msg import DiagnosticArray
 from rclpy.clock import Clock, ClockType
 from rclpy.node import Node
@@ -28,6 +29,7 @@ from std_msgs.msg import Bool, String
 
 from unilab_ros.action_output import ActionOutput, ActionOutputConfig
 from unilab_ros.executors import run_node
+from unilab_ros.graph_checks import RivalWatch
 from unilab_ros.loop.decisions import (
     BeginUpdate,
     Decision,
@@ -55,6 +57,14 @@ from unilab_ros.trainer.session import build_session
 NODE_NAME = "unilab_trainer"
 _WARN_PERIOD = 5.0
 """Seconds between repeats of one kind of warning."""
+NEWCOMER_WINDOW = 10.0
+"""Seconds after start within which a trainer that finds a live rival (another node that
+sends commands on its action topics, see ``graph_checks``) is the newcomer: it refuses to
+run (exit 2). Later it is the one that was there first: it stops acting until the rival
+is gone."""
+START_RESUME_WINDOW = 10.0
+"""Seconds after start during which the trainer resumes each simulator it can, as soon as
+its resume service is discovered."""
 
 
 def _while_ros_runs(method: Callable[..., None]) -> Callable[..., None]:
@@ -89,6 +99,11 @@ class TrainerNode(Node):
         # node whose constructor raised, and such a node has nothing to save.
         self._closed = True
         super().__init__(NODE_NAME, **kwargs)
+        self.exit_code = 0
+        """Non-zero once the node refused to run on (``finished`` then ends its spin)."""
+        self._started = time.monotonic()
+        self._rivals: list[str] = []
+        self._first_action = True
         self.cfg, session_cfg, output_cfg = read_parameters(self)
         try:
             session = build_session(session_cfg)
@@ -141,6 +156,8 @@ class TrainerNode(Node):
         ]
         self._paused_robots: list[int] = []
         """The robots whose simulators were paused for the update in progress."""
+        self._watch = RivalWatch(self, [robot.action_out for robot in self._robots], qos,
+                                 NEWCOMER_WINDOW)
         self.create_subscription(Bool, "estop", self._on_estop, qos)
         if self.cfg.control_services:
             TrainerServices(self, self.loop, self.artifacts, self.save, f"{NODE_NAME} (live)")
@@ -152,6 +169,13 @@ class TrainerNode(Node):
         self.create_timer(Watchdog(self.watchdog_cfg).period, self._watchdog, clock=steady)
         self.create_timer(1.0, self._publish_status, clock=steady)
         self.create_timer(self.cfg.wait_report_period, self._report_waiting, clock=steady)
+        # A trainer killed during an update left its simulators paused; they wait for a
+        # resume (or max_pause) before stepping again.
+        self._unresumed = [r for r, robot in enumerate(self._robots) if robot.sim.can_resume]
+        self._resume_deadline = time.monotonic() + START_RESUME_WINDOW
+        if self._unresumed:
+            self._start_resume_timer = self.create_timer(0.1, self._resume_at_start,
+                                                         clock=steady)
 
     def _connect(
         self, r: int, name: str, arrival_ordered: bool, output_cfg: ActionOutputConfig,
@@ -184,7 +208,7 @@ class TrainerNode(Node):
 
     @property
     def finished(self) -> bool:
-        return self.loop.phase is Phase.FINISHED
+        return self.loop.phase is Phase.FINISHED or self.exit_code != 0
 
     @property
     def agent(self) -> PPOAgent:
@@ -229,6 +253,25 @@ class TrainerNode(Node):
                     self.save("max_iterations reached")
                     self.get_logger().info(f"finished {self.agent.iteration} iterations")
 
+    def _check_rivals(self) -> None:
+        """Refuse to run next to a rival found within ``NEWCOMER_WINDOW`` of the start;
+        later, withhold every action while one is there."""
+        lines = self._watch.check()
+        if lines and time.monotonic() - self._started < NEWCOMER_WINDOW:
+            self.get_logger().fatal(
+                f"cannot start: {'; '.join(lines)} (stop it, or run this trainer in a "
+                "namespace of its own)"
+            )
+            self.exit_code = 2
+        elif lines and lines != self._rivals:
+            self.get_logger().error(
+                f"{'; '.join(lines)}: acting stopped until it is gone (two trainers on one "
+                "robot corrupt each other's steps)"
+            )
+        elif self._rivals and not lines:
+            self.get_logger().info("the rival is gone: acting again")
+        self._rivals = lines
+
     def _publish_action(self, decision: PublishAction) -> None:
         if decision.rejoined:
             self.get_logger().info(f"robot {self.loop.robots[decision.robot].name} rejoined")
@@ -240,11 +283,22 @@ class TrainerNode(Node):
                    else ""),
                 throttle_duration_sec=_WARN_PERIOD,
             )
-        self._robots[decision.robot].action_out.publish(decision.command)
+        self._publish(decision.robot, decision.command)
 
     def _publish_safe_action(self, r: int) -> None:
-        self._robots[r].action_out.publish(self.loop.actions.safe)
-        self.loop.counters.add("safe_actions_published")
+        if self._publish(r, self.loop.actions.safe):
+            self.loop.counters.add("safe_actions_published")
+
+    def _publish(self, r: int, command: np.ndarray) -> bool:
+        """Send ``command`` to robot ``r`` unless a rival commands it; whether it went out."""
+        if self._first_action:
+            # Discovery may have found a rival by now, and nothing went out yet.
+            self._first_action = False
+            self._check_rivals()
+        if self._rivals or self.exit_code:
+            return False
+        self._watch.publish(r, command)
+        return True
 
     def _now(self) -> float:
         return self.get_clock().now().nanoseconds * 1e-9
@@ -275,6 +329,19 @@ class TrainerNode(Node):
             )
         if silence.publish_safe:
             self._publish_safe_action(silence.robot)
+
+    @_while_ros_runs
+    def _resume_at_start(self) -> None:
+        """Resume each simulator once its service is discovered (within
+        ``START_RESUME_WINDOW``), unless an update already paused it."""
+        for r in list(self._unresumed):
+            sim = self._robots[r].sim
+            if self.loop.phase is Phase.UPDATING or sim.resume_ready:
+                self._unresumed.remove(r)
+            if self.loop.phase is not Phase.UPDATING and sim.resume_ready:
+                sim.resume(then=lambda: None)
+        if not self._unresumed or time.monotonic() > self._resume_deadline:
+            self._start_resume_timer.cancel()
 
     @_while_ros_runs
     def _report_waiting(self) -> None:
@@ -374,6 +441,7 @@ class TrainerNode(Node):
 
     @_while_ros_runs
     def _publish_status(self) -> None:
+        self._check_rivals()
         self._status_pub.publish(String(data=json.dumps(self.status())))
 
     # Services and checkpoints.

@@ -1,12 +1,14 @@
 """The trainer's parameters: declared from the config dataclasses, read into a session's
-configs, and the live ones validated and applied in separate callbacks (as ros2/demos'
-``set_parameters_callback.py`` does: on-set validates every change, post-set applies)."""
+configs, and the live ones checked and applied in separate callbacks, as ros2/demos'
+``set_parameters_callback.py`` does: pre-set refuses names the node does not have, on-set
+validates every change, post-set applies the accepted ones."""
 
 from __future__ import annotations
 
 import math
 
 from rcl_interfaces.msg import SetParametersResult
+from rclpy.exceptions import ParameterNotDeclaredException
 from rclpy.node import Node
 from rclpy.parameter import Parameter
 
@@ -70,17 +72,38 @@ def read_parameters(node: Node) -> tuple[TrainerNodeConfig, SessionConfig, Actio
     return cfg, session, output
 
 
+class UndeclaredParameters(ParameterNotDeclaredException):
+    """A change names parameters the node does not have (rclpy's own message names none)."""
+
+    def __init__(self, names: list[str]) -> None:
+        super().__init__(names)
+        self.names = names
+
+    def __str__(self) -> str:
+        return (f"no such parameter: {', '.join(self.names)} (`ros2 param list` shows the "
+                "declared ones)")
+
+
 class LiveParameters:
-    """The live parameters of a running loop: ``validate`` (on-set) accepts a change only
-    if every value in it is valid, ``apply`` (post-set) puts the accepted ones into effect.
-    """
+    """The live parameters of a running loop: ``check_names`` (pre-set) refuses names the
+    node does not declare, ``validate`` (on-set) accepts a change only if every value in
+    it is valid, ``apply`` (post-set) puts the accepted ones into effect."""
 
     def __init__(self, node: Node, loop: TrainingLoop, control_services: bool) -> None:
         self._node = node
         self._loop = loop
         self._control = control_services
+        node.add_pre_set_parameters_callback(self.check_names)
         node.add_on_set_parameters_callback(self.validate)
         node.add_post_set_parameters_callback(self.apply)
+
+    def check_names(self, params: list[Parameter]) -> list[Parameter]:
+        """The change as it is, once every name in it is declared; the parameter service
+        answers an undeclared one with this exception's message."""
+        undeclared = [param.name for param in params if not self._node.has_parameter(param.name)]
+        if undeclared:
+            raise UndeclaredParameters(undeclared)
+        return params
 
     def validate(self, params: list[Parameter]) -> SetParametersResult:
         live = [param.name for param in params if param.name in LIVE_PARAMETERS]

@@ -1,0 +1,73 @@
+"""Two trainers on one robot (one namespace): the newcomer refuses to run, naming the
+other; the one that was there first stops acting while another node sends commands."""
+
+import threading
+import time
+
+import numpy as np
+import pytest
+import rclpy
+from rclpy.executors import SingleThreadedExecutor
+from ros_helpers import spin_until
+from std_msgs.msg import Float32MultiArray
+from test_sim_pause import TINY_TRAINER, overrides
+
+from unilab_ros.graph_checks import LIVE_WINDOW
+from unilab_ros.gym_env_node import GymEnvNode
+from unilab_ros.messages import to_float32_msg
+from unilab_ros.trainer.node import NEWCOMER_WINDOW, TrainerNode
+
+pytestmark = pytest.mark.ros
+
+
+def test_the_newcomer_refuses_and_the_first_trainer_waits_until_it_is_gone(context, tmp_path):
+    bridge = GymEnvNode(context=context, parameter_overrides=overrides({
+        "num_envs": 2, "republish_period": 0.1}))
+    bridge_executor, executor = (SingleThreadedExecutor(context=context) for _ in "ab")
+    bridge_executor.add_node(bridge)
+    thread = threading.Thread(target=bridge_executor.spin, daemon=True)
+    thread.start()
+    params = {**TINY_TRAINER, "step_timeout": 0.5}
+    first = TrainerNode(context=context, parameter_overrides=overrides(
+        {**params, "checkpoint_dir": str(tmp_path / "first")}))
+    newcomer = None
+    try:
+        executor.add_node(first)
+        assert spin_until(executor, lambda: first.loop.step_counters["steps_completed"] > 5,
+                          20.0)
+        newcomer = TrainerNode(context=context, parameter_overrides=overrides(
+            {**params, "checkpoint_dir": str(tmp_path / "newcomer")}))
+        executor.add_node(newcomer)
+        assert spin_until(executor, lambda: newcomer.finished, 10.0), "the newcomer ran on"
+        assert newcomer.exit_code == 2 and newcomer.counters["safe_actions_published"] == 0
+        executor.remove_node(newcomer)
+        newcomer.destroy_node()
+        newcomer = None
+        # The first trainer went on; now it has run for a while, and a node that sends
+        # commands on its topic stops its acting until that node falls silent.
+        first._started -= NEWCOMER_WINDOW
+        steps = first.loop.step_counters["steps_completed"]
+        assert spin_until(executor, lambda: first.loop.step_counters["steps_completed"]
+                          > steps + 5, 10.0), "the first trainer stopped for a refused rival"
+        peer = rclpy.create_node("rival_commander", context=context)
+        rival = peer.create_publisher(Float32MultiArray, "action", 10)
+        command = to_float32_msg(np.zeros((2, 1), np.float32), ("env", "action"))
+        executor.add_node(peer)
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline and not first._rivals:
+            rival.publish(command)
+            spin_until(executor, lambda: False, 0.05)
+        assert any("/rival_commander" in line for line in first._rivals), first._rivals
+        executor.remove_node(peer)
+        peer.destroy_node()
+        assert spin_until(executor, lambda: not first._rivals, LIVE_WINDOW + 5.0)
+        steps = first.loop.step_counters["steps_completed"]
+        assert spin_until(executor, lambda: first.loop.step_counters["steps_completed"]
+                          > steps + 5, 10.0), "the first trainer did not act again"
+    finally:
+        bridge_executor.shutdown()
+        executor.shutdown()
+        thread.join(timeout=5.0)
+        for node in (first, newcomer, bridge):
+            if node is not None:
+                node.destroy_node()

@@ -1,0 +1,113 @@
+"""Who else commands the robot: another node of this node's name, or another publisher of
+its action topic (two trainers in one namespace corrupt each other's steps silently).
+
+The ROS graph names them, but also keeps a killed process's node and publishers for a
+while (until DDS's lease on it runs out, 20 s with Fast DDS's defaults): a trainer
+restarted after a crash would take its own ghost for a rival. So a rival counts only
+while commands that are not this node's own arrive on its action topics.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from typing import Any
+
+import numpy as np
+from rclpy.node import Node
+from rclpy.qos import QoSProfile
+
+from unilab_ros.action_output import ActionOutput
+
+LIVE_WINDOW = 2.0
+"""Seconds a foreign command keeps the rival that sent it counted as live."""
+
+UNKNOWN_NODE = "_NODE_NAME_UNKNOWN_"
+"""The node name the graph gives an endpoint whose node it does not know."""
+
+
+def _qualified(name: str, namespace: str) -> str:
+    return f"{namespace.rstrip('/')}/{name}"
+
+
+def rivals(node: Node, topics: list[str]) -> list[str]:
+    """One line for each: another node named like ``node``, and each of ``topics`` that
+    other nodes publish too (``node`` publishes each of them once), naming them."""
+    me = _qualified(node.get_name(), node.get_namespace())
+    lines = []
+    twins = sum(1 for name, namespace in node.get_node_names_and_namespaces()
+                if _qualified(name, namespace) == me)
+    if twins > 1:
+        lines.append(f"another node is named {me}")
+    for topic in topics:
+        # An endpoint whose node is gone (destroyed, its process killed) can linger with
+        # no node name until DDS drops it: it commands nothing.
+        publishers = [_qualified(info.node_name, info.node_namespace)
+                      for info in node.get_publishers_info_by_topic(topic)
+                      if info.node_name != UNKNOWN_NODE]
+        if me in publishers:
+            publishers.remove(me)
+        if publishers:
+            lines.append(f"{topic} is also published by {', '.join(sorted(set(publishers)))}")
+    return lines
+
+
+class RivalWatch:
+    """Publishes a node's commands and tells whether another node sends some too.
+
+    It listens on its own action topics while told to (``listen_for`` seconds from the
+    start: a newcomer's own check) and while the graph names rivals; commands it sent
+    itself come back there too and are told apart by their bytes.
+    """
+
+    def __init__(
+        self, node: Node, outputs: list[ActionOutput], qos: QoSProfile, listen_for: float
+    ) -> None:
+        self._node = node
+        self._outputs = outputs
+        self._qos = qos
+        self._own: deque[bytes] = deque(maxlen=64)
+        self._last_foreign = -math.inf
+        self._listen_until = time.monotonic() + listen_for
+        self._subscriptions: list[Any] = []
+        self._listen(True)
+
+    def publish(self, r: int, command: np.ndarray) -> None:
+        output = self._outputs[r]
+        if self._subscriptions:
+            self._own.append(np.ascontiguousarray(command, output.dtype).tobytes())
+        output.publish(command)
+
+    def check(self) -> list[str]:
+        """The live rivals, one line each (none while no foreign command arrived lately)."""
+        found = rivals(self._node, [output.topic_name for output in self._outputs])
+        now = time.monotonic()
+        self._listen(bool(found) or now < self._listen_until)
+        if now - self._last_foreign > LIVE_WINDOW:
+            return []
+        return found or ["commands arrive from a publisher the ROS graph does not name yet"]
+
+    def close(self) -> None:
+        """Stop listening (the outputs stay the caller's)."""
+        self._listen(False)
+
+    def _listen(self, on: bool) -> None:
+        if on and not self._subscriptions:
+            self._subscriptions = [
+                self._node.create_subscription(output.message_type, output.topic_name,
+                                               self._heard, self._qos)
+                for output in self._outputs
+            ]
+        elif not on and self._subscriptions:
+            for subscription in self._subscriptions:
+                self._node.destroy_subscription(subscription)
+            self._subscriptions = []
+            self._own.clear()
+
+    def _heard(self, msg: Any) -> None:
+        payload = bytes(memoryview(msg.data))
+        if payload in self._own:
+            self._own.remove(payload)
+        else:
+            self._last_foreign = time.monotonic()
