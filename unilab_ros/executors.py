@@ -19,6 +19,7 @@ from rclpy.node import Node
 from rclpy.signals import SignalHandlerOptions
 
 from unilab_ros.middleware import apply_fastdds_profile
+from unilab_ros.ros_logging import route_package_logs
 
 RCLError = rclpy_implementation.RCLError
 
@@ -85,9 +86,11 @@ def run_node(
     # While the node is built (a warm-up can take a minute) a signal interrupts at once.
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.default_int_handler)
+    logs = route_package_logs(name)
     try:
         executor, arrival_ordered = make_executor()
         node = build(arrival_ordered)
+        logs.logger_name = node.get_logger().name
         executor.add_node(node)
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, request_stop)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ from unilab_ros.rl.policy import PolicySampler
 from unilab_ros.rl.ppo import PPOConfig, PPOTrainer
 from unilab_ros.rl.ppo_runtime import PPORuntimeConfig
 
+_LOG = logging.getLogger(__name__)
 _LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
 
 
@@ -196,6 +198,7 @@ class PPOAgent:
         buffer.clear()
         self.iteration += 1
         metrics["update_time"] = time.perf_counter() - start
+        _LOG.debug("update %d: %s", self.iteration, metrics)
         return metrics
 
 

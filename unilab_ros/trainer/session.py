@@ -6,7 +6,8 @@ and update through the same objects made the same way.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+import logging
+from dataclasses import asdict, dataclass, field, replace
 
 from unilab_ros.loop.action_safety import ActionSafetyConfig
 from unilab_ros.loop.config import LoopConfig
@@ -21,6 +22,8 @@ from unilab_ros.rl.finetune import FineTuneConfig, make_agent
 from unilab_ros.rl.model import ModelConfig
 from unilab_ros.rl.ppo import PPOConfig
 from unilab_ros.rl.ppo_runtime import PPORuntimeConfig
+
+_LOG = logging.getLogger(__name__)
 
 
 @dataclass
@@ -70,6 +73,8 @@ def build_session(cfg: SessionConfig, best: BestPolicy | None = None) -> Session
             "resume_from continues a training, finetune.init_from starts one from a "
             "policy: give one of them"
         )
+    for name in ("agent", "model", "ppo", "runtime", "actions", "loop", "fine_tune"):
+        _LOG.debug("%s: %s", name, asdict(getattr(cfg, name)))
     agent_cfg = cfg.agent
     # A robot's messages have num_envs rows; the agent acts for the whole fleet.
     actions = ActionMapper(cfg.actions, agent_cfg.num_envs, agent_cfg.action_dim)
