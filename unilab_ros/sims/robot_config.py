@@ -43,10 +43,11 @@ class WorldConfig:
     real_time_factor: float = 1.0
     """Sim seconds per wall second: 1.0 real time, above 1 faster, 0.0 as fast as the
     machine can."""
-    update_rate: float = 250.0
-    """Ticks per sim second, as ros2_control's controller_manager update_rate: /clock is
-    published and commands are applied every tick; a tick is a whole number of model
-    timesteps."""
+    update_rate: float = 100.0
+    """Ticks per sim second, like ros2_control's controller_manager update_rate: /clock goes
+    out every tick and the sensor streams on ticks (a rate that does not divide this one
+    jitters by a tick); a tick is a whole number of model timesteps. Commands act from
+    the next physics step."""
     seed: int = 0
     """Seed of the reset randomization and the sensor noise (robot k draws from its own
     stream)."""
