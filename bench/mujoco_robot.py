@@ -3,8 +3,9 @@
 Each case starts ``mujoco_robot_node`` as a process of its own (a shipped robot file,
 ``num_robots`` copies, a requested ``real_time_factor``) on an isolated graph (localhost
 discovery, a domain id of the run's own). This process subscribes what a trainer would:
-``/clock`` and every robot's ``joint_states`` (and ``imu`` and ``odom`` where the robot
-has them). Over ``--seconds`` of wall time after a warm-up it reports:
+``/clock`` and every robot's ``joint_states``, ``imu``, ``odom`` and site poses, as the
+robot's file configures them. Once every topic has delivered (discovery of 16 robots'
+topics takes seconds) it reports over ``--seconds`` of wall time:
 
 - ``rtf``: sim time advanced (the /clock stamps received) over wall time;
 - ``node_rtf``: the node's own figure (its ``~/status``), the same without the transport;
@@ -28,12 +29,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import rclpy
+from geometry_msgs.msg import PoseStamped
 from nav_msgs.msg import Odometry
 from rclpy.executors import SingleThreadedExecutor
 from rclpy.node import Node
 from rosgraph_msgs.msg import Clock
 from sensor_msgs.msg import Imu, JointState
 from std_msgs.msg import String
+from yaml import safe_load
 
 from unilab_ros.sim_train import isolated_ros_env, node_command, stop
 
@@ -44,7 +47,8 @@ from learning import cpu_model  # noqa: E402  (the bench folder is not a package
 ROBOTS_DIR = ROOT / "config" / "robots"
 CASES = (("cartpole", 1), ("cartpole", 16), ("quadruped", 1))
 FACTORS = (1.0, 0.0)
-WARM_UP_S = 3.0
+DISCOVERY_TIMEOUT_S = 30.0
+SETTLE_S = 1.0
 
 
 @dataclass
@@ -55,6 +59,20 @@ class Figures:
     published_per_s: float
 
 
+def robot_topics(robot: str) -> list[tuple[type, str]]:
+    """The streams the robot's file turns on, relative to a robot's namespace."""
+    params = next(iter(safe_load((ROBOTS_DIR / f"{robot}.yaml").read_text()).values()))
+    params = params["ros__parameters"]
+    topics: list[tuple[type, str]] = [(JointState, "joint_states")]
+    if params.get("imu", {}).get("site"):
+        topics.append((Imu, "imu"))
+    if params.get("odom", {}).get("body"):
+        topics.append((Odometry, "odom"))
+    topics += [(PoseStamped, f"{site}/pose")
+               for site in params.get("site_poses", {}).get("sites", [])]
+    return topics
+
+
 class Listener:
     """Counts what arrives; keeps the first and last /clock of the window with wall times."""
 
@@ -62,19 +80,22 @@ class Listener:
         self.count = 0
         self.clock: list[tuple[float, float]] = []
         self.status: list[dict] = []
+        self.silent: set[str] = set()
         namespaces = [""] if num_robots == 1 else [f"robot{k}/"
                                                   for k in range(1, num_robots + 1)]
         node.create_subscription(Clock, "/clock", self._on_clock, 100)
         node.create_subscription(String, "/mujoco_robot/status",
                                  lambda msg: self.status.append(json.loads(msg.data)), 10)
         for namespace in namespaces:
-            node.create_subscription(JointState, f"{namespace}joint_states", self._on_any, 100)
-            if robot == "quadruped":
-                node.create_subscription(Imu, f"{namespace}imu", self._on_any, 100)
-                node.create_subscription(Odometry, f"{namespace}odom", self._on_any, 100)
+            for msg_type, name in robot_topics(robot):
+                topic = namespace + name
+                self.silent.add(topic)
+                node.create_subscription(msg_type, topic,
+                                         lambda _msg, topic=topic: self._on_any(topic), 100)
 
-    def _on_any(self, _msg: object) -> None:
+    def _on_any(self, topic: str) -> None:
         self.count += 1
+        self.silent.discard(topic)
 
     def _on_clock(self, msg: Clock) -> None:
         self.count += 1
@@ -103,7 +124,12 @@ def measure(robot: str, num_robots: int, factor: float, seconds: float,
             while time.monotonic() < end:
                 executor.spin_once(timeout_sec=0.05)
 
-        spin(WARM_UP_S)
+        deadline = time.monotonic() + DISCOVERY_TIMEOUT_S
+        while (listener.silent or not listener.clock) and time.monotonic() < deadline:
+            spin(0.1)
+        if listener.silent:
+            print(f"  never heard from {sorted(listener.silent)}", flush=True)
+        spin(SETTLE_S)
         listener.reset()
         start = time.monotonic()
         spin(seconds)
