@@ -207,6 +207,9 @@ def test_bad_commands_are_counted_and_never_stop_the_robot(harness_factory):
     assert h.spin_until(lambda: list(h.node.world.held_command(0)) == [0.02, 0.03])
     sim = h.node.world.time_ns
     assert h.spin_until(lambda: h.node.world.time_ns > sim + 50_000_000), 'still running'
+    counted = h.node.status()['robots']['/']
+    assert (counted['rejected_commands'], counted['nonfinite_entries'],
+            counted['clipped_entries']) == (2, 1, 1)
 
 
 def test_num_robots_have_namespaces_of_their_own(harness_factory):

@@ -4,7 +4,10 @@ Small MJCF models written here isolate one effect each (a pendulum, a falling bo
 rotated IMU); the shipped robots are checked for what the node relies on.
 """
 
+import json
 import math
+import subprocess
+import sys
 
 import mujoco
 import numpy as np
@@ -367,3 +370,17 @@ def test_every_marks_ticks_at_its_rate():
     assert sum(every.due(t) for t in ticks) == 100
     coarse = Every(1000.0)
     assert sum(coarse.due(t) for t in ticks) == 250, "never more than once a tick"
+
+
+def test_the_world_imports_no_ros_module():
+    # A fresh interpreter: this one may hold rclpy from other tests.
+    code = ("import json, sys\n"
+            "import unilab_ros.sims.mujoco_world, unilab_ros.sims.pacing\n"
+            "print(json.dumps(sorted(sys.modules)))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+    modules = json.loads(result.stdout.strip().splitlines()[-1])
+    assert "unilab_ros.sims.robot_config" in modules
+    assert [m for m in modules if m.startswith(("rclpy", "std_msgs", "rosidl", "sensor_msgs"))
+            ] == []
