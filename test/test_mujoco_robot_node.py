@@ -158,8 +158,9 @@ def test_pause_stops_sim_time_and_the_streams_and_unpause_resumes_at_pace(harnes
     h.wait_for('joint_states', 5)
     h.call('pause_physics')
     assert h.node.paused
+    paused_at = h.node.world.time_ns
     h.spin_for(0.1)
-    paused_at, received = h.node.world.time_ns, len(h.received['joint_states'])
+    received = len(h.received['joint_states'])
     h.spin_for(0.5)
     assert h.node.world.time_ns == paused_at
     assert len(h.received['joint_states']) == received

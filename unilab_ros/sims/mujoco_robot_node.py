@@ -182,6 +182,10 @@ class MujocoRobotNode(Node):
                 self._reanchor = False
                 self._pacer.anchor(self.world.time)
             with self._lock:
+                # Checked again under the lock: once pause_physics has answered, sim time
+                # stands still (a tick stepped before it may still be on its way out).
+                if not self._running.is_set():
+                    continue
                 self.world.step()
                 outgoing = self._due_messages()
             try:
@@ -256,7 +260,8 @@ class MujocoRobotNode(Node):
         return response
 
     def _srv_pause(self, _request: Empty.Request, response: Empty.Response) -> Empty.Response:
-        self._running.clear()
+        with self._lock:
+            self._running.clear()
         return response
 
     def _srv_unpause(self, _request: Empty.Request, response: Empty.Response) -> Empty.Response:
