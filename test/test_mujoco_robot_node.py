@@ -261,6 +261,8 @@ def test_sigint_stops_the_executable_cleanly(ros_domain_env):
     (['-p', 'command.interface:=torque'], 'command.interface must be one of'),
     (['-p', 'update_rate:=300.0'], 'not a whole number of model timesteps'),
     (['-p', 'command.joints:=[hinge]'], "no actuator drives ['hinge']"),
+    (['-p', 'joint_states.topic:=joint states'], 'bad topic name'),
+    (['-p', 'num_robots:=2', '-p', 'robot_namespace_prefix:=9lives'], 'bad topic name'),
 ])
 def test_a_bad_parameter_exits_2_with_the_reason(ros_domain_env, arguments, reason):
     process = run(arguments, ros_domain_env)

@@ -34,6 +34,7 @@ import rclpy
 from geometry_msgs.msg import PoseStamped
 from nav_msgs.msg import Odometry
 from rclpy.clock import Clock, ClockType
+from rclpy.exceptions import InvalidServiceNameException, InvalidTopicNameException
 from rclpy.impl.implementation_singleton import rclpy_implementation
 from rclpy.node import Node
 from rclpy.publisher import Publisher
@@ -124,17 +125,24 @@ class MujocoRobotNode(Node):
         self._pacer = Pacer(world.real_time_factor)
         self._published = 0
         self._status_mark = (time.monotonic(), self.world.time, 0)
-        self._schedules = {
-            "joint_states": Every(robot.joint_states.rate), "imu": Every(robot.imu.rate),
-            "odom": Every(robot.odom.rate), "poses": Every(robot.site_poses.rate)}
+        # Only the streams that are on: a stream that is off may have any rate.
+        rates = {"joint_states": robot.joint_states.rate,
+                 "imu": robot.imu.rate if self.world.has_imu else 0.0,
+                 "odom": robot.odom.rate if self.world.has_odometry else 0.0,
+                 "poses": robot.site_poses.rate if robot.site_poses.sites else 0.0}
+        self._schedules = {name: Every(rate) for name, rate in rates.items() if rate > 0.0}
 
-        self._clock_pub = self.create_publisher(ClockMsg, "/clock", QOS_DEPTH)
-        self.ports = [self._robot_ports(k, namespace)
-                      for k, namespace in enumerate(robot_namespaces(world))]
-        self.create_service(Empty, "pause_physics", self._srv_pause)
-        self.create_service(Empty, "unpause_physics", self._srv_unpause)
-        self.create_service(Empty, "reset_world", self._srv_reset_world)
-        self._status_pub = self.create_publisher(String, "~/status", QOS_DEPTH)
+        try:
+            self._clock_pub = self.create_publisher(ClockMsg, "/clock", QOS_DEPTH)
+            self.ports = [self._robot_ports(k, namespace)
+                          for k, namespace in enumerate(robot_namespaces(world))]
+            self.create_service(Empty, "pause_physics", self._srv_pause)
+            self.create_service(Empty, "unpause_physics", self._srv_unpause)
+            self.create_service(Empty, "reset_world", self._srv_reset_world)
+            self._status_pub = self.create_publisher(String, "~/status", QOS_DEPTH)
+        except (InvalidTopicNameException, InvalidServiceNameException) as error:
+            raise ConfigError(f"bad topic name (a *.topic, command.controller, "
+                              f"robot_namespace_prefix or a site): {error}") from None
         # Wall time: a status that stops with a paused sim would hide that it is paused.
         self.create_timer(world.status_period, self._report,
                           clock=Clock(clock_type=ClockType.STEADY_TIME))
@@ -208,17 +216,17 @@ class MujocoRobotNode(Node):
         due = {name: schedule.due(now) for name, schedule in self._schedules.items()}
         for robot, ports in enumerate(self.ports):
             prefix = ports.frame_prefix
-            if due["joint_states"]:
+            if due.get("joint_states"):
                 outgoing.append((ports.joint_states,
                                  messages.joint_state_msg(world.joint_state(robot), now)))
-            if ports.imu is not None and due["imu"]:
+            if ports.imu is not None and due.get("imu"):
                 outgoing.append((ports.imu, messages.imu_msg(
                     world.imu(robot), now, prefix + cfg.imu.frame_id, cfg.imu)))
-            if ports.odom is not None and due["odom"]:
+            if ports.odom is not None and due.get("odom"):
                 outgoing.append((ports.odom, messages.odometry_msg(
                     world.odometry(robot), now, prefix + cfg.odom.frame_id,
                     prefix + cfg.odom.child_frame_id)))
-            if due["poses"]:
+            if due.get("poses"):
                 for site, publisher in ports.poses.items():
                     outgoing.append((publisher, messages.pose_msg(
                         world.site_pose(robot, site), now, prefix + cfg.site_poses.frame_id)))
