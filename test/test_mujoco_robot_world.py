@@ -324,6 +324,19 @@ def test_a_tick_must_be_a_whole_number_of_timesteps_and_the_model_must_exist(tmp
         MujocoWorld(broken, 1, RobotConfig(), 100.0)
 
 
+def test_gymnasium_assets_load_by_name():
+    # Its timestep is 20 ms: 50 ticks a second.
+    world = MujocoWorld(model_path("gymnasium:inverted_pendulum.xml"), 1,
+                        RobotConfig(), 50.0)
+    assert world.model_joints == ("slider", "hinge") and world.command_joints == ("slider",)
+    # Its motor has gear 100 on a +-3 control: the effort command is the force, +-300 N.
+    world.set_command(0, np.array([1000.0]))
+    world.step()
+    assert world.joint_state(0).effort[0] == pytest.approx(300.0)
+    with pytest.raises(WorldConfigError, match="Gymnasium has no such asset"):
+        model_path("gymnasium:robot_dog.xml")
+
+
 def test_only_plain_motors_can_take_an_interface(tmp_path):
     model = write(tmp_path, "servo.xml", """
 <mujoco><worldbody><body><joint name="j" type="hinge"/><geom size="0.1"/></body></worldbody>

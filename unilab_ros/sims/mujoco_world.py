@@ -21,6 +21,7 @@ Quaternions in every sample are (x, y, z, w), as geometry_msgs has them; MuJoCo'
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +32,8 @@ from unilab_ros.sims.robot_config import RobotConfig
 
 MODELS_DIR = Path(__file__).resolve().parent / "models"
 HOME_KEYFRAME = "home"
+GYMNASIUM_PREFIX = "gymnasium:"
+"""A model named ``gymnasium:<file>`` is one of Gymnasium's MuJoCo assets."""
 _MOVING_JOINTS = (int(mujoco.mjtJoint.mjJNT_HINGE), int(mujoco.mjtJoint.mjJNT_SLIDE))
 
 
@@ -39,12 +42,25 @@ class WorldConfigError(ValueError):
 
 
 def model_path(model: str) -> Path:
-    """A shipped model's name (``cartpole.xml``) or a path, as a path that exists."""
+    """A shipped model's name (``cartpole.xml``), one of Gymnasium's MuJoCo assets
+    (``gymnasium:hopper.xml``) or a path, as a path that exists."""
+    if model.startswith(GYMNASIUM_PREFIX):
+        name = model[len(GYMNASIUM_PREFIX):]
+        spec = importlib.util.find_spec("gymnasium")
+        folders = [Path(p) / "envs" / "mujoco" / "assets"
+                   for p in (spec.submodule_search_locations or [])] if spec else []
+        path = next((f / name for f in folders if (f / name).is_file()), None)
+        if path is None:
+            found = sorted(p.name for f in folders for p in f.glob("*.xml"))
+            raise WorldConfigError(f"model {model!r}: Gymnasium has no such asset "
+                                   f"(it has {found or 'none: is gymnasium installed?'})")
+        return path
     shipped = MODELS_DIR / model
     path = shipped if shipped.is_file() else Path(model).expanduser()
     if not path.is_file():
         shipped_names = sorted(p.name for p in MODELS_DIR.glob("*.xml"))
-        raise WorldConfigError(f"model {model!r} is neither a file nor one of {shipped_names}")
+        raise WorldConfigError(f"model {model!r} is neither a file nor one of {shipped_names}"
+                               f" (or {GYMNASIUM_PREFIX}<asset>.xml)")
     return path
 
 

@@ -33,7 +33,8 @@ class WorldConfig:
 
     model: str = "cartpole.xml"
     """MJCF file: a name in the package's sims/models folder (cartpole.xml, reacher.xml,
-    quadruped.xml) or a path."""
+    quadruped.xml), gymnasium:<asset> for one of Gymnasium's (gymnasium:hopper.xml) or a
+    path. Its actuators must be plain motors."""
     num_robots: int = 1
     """Copies of the robot, each simulated on its own (they never touch) and published
     under its own namespace; see robot_namespace_prefix."""
