@@ -280,6 +280,21 @@ def test_the_reacher_target_moves_within_its_range_on_reset():
          0.1 * math.sin(shoulder) + 0.11 * math.sin(shoulder + elbow)], abs=1e-9)
 
 
+def test_a_floating_base_starts_within_its_position_and_yaw_ranges():
+    config = quadruped_config()
+    config.reset = ResetConfig(base_position_range=[0.5, 0.2, 0.0], base_yaw_range=1.0)
+    world = shipped("quadruped.xml", config, num_robots=8, seed=2)
+    poses = [world.odometry(k) for k in range(8)]
+    positions = np.array([pose.position for pose in poses])
+    assert np.all(np.abs(positions[:, :2]) <= [0.5, 0.2]) and positions[:, 0].std() > 0.1
+    assert positions[:, 2] == pytest.approx([0.22] * 8)
+    for pose in poses:
+        x, y, z, w = pose.orientation
+        assert (x, y) == pytest.approx((0.0, 0.0), abs=1e-12), "a turn about z only"
+        assert abs(2 * math.atan2(z, w)) <= 1.0
+    assert len({round(pose.orientation[2], 9) for pose in poses}) == 8
+
+
 def test_robots_of_one_world_never_touch():
     world = shipped("cartpole.xml", RobotConfig(), num_robots=2)
     world.set_command(0, np.array([20.0]))

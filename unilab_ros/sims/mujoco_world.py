@@ -295,6 +295,10 @@ class MujocoWorld:
         self._joint_low = np.where(limited, model.jnt_range[ids, 0], -np.inf)
         self._joint_high = np.where(limited, model.jnt_range[ids, 1], np.inf)
         self._mocap_range = np.asarray(config.reset.mocap_position_range, dtype=float)
+        self._base_range = np.asarray(config.reset.base_position_range, dtype=float)
+        self._base_yaw_range = config.reset.base_yaw_range
+        self._base_qpos = [int(model.jnt_qposadr[j]) for j in range(model.njnt)
+                           if model.jnt_type[j] == int(mujoco.mjtJoint.mjJNT_FREE)]
         self._home_key = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_KEY, HOME_KEYFRAME)
 
     # -- stepping and commands -----------------------------------------------------------
@@ -349,6 +353,13 @@ class MujocoWorld:
         if model.nmocap:
             data.mocap_pos += rng.uniform(-self._mocap_range, self._mocap_range,
                                           size=data.mocap_pos.shape)
+        for adr in self._base_qpos:
+            data.qpos[adr:adr + 3] += rng.uniform(-self._base_range, self._base_range)
+            yaw = rng.uniform(-self._base_yaw_range, self._base_yaw_range)
+            turn, turned = np.array([np.cos(yaw / 2), 0.0, 0.0, np.sin(yaw / 2)]), np.empty(4)
+            # Turn about the world's z: the turn multiplies from the left (w, x, y, z).
+            mujoco.mju_mulQuat(turned, turn, data.qpos[adr + 3:adr + 7])
+            data.qpos[adr + 3:adr + 7] = turned
         data.ctrl[self._command_actuators] = self._held[robot]
         data.time = self.time
         self._fresh[robot] = False

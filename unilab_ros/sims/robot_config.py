@@ -200,6 +200,12 @@ class ResetConfig:
     mocap_position_range: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])
     """Every mocap body (e.g. the reacher's target) starts uniformly within +-(x, y, z) of
     its MJCF position."""
+    base_position_range: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])
+    """Every floating base (free joint) starts uniformly within +-(x, y, z) m of its home
+    position."""
+    base_yaw_range: float = 0.0
+    """Every floating base starts turned about the world's z axis by an angle uniformly
+    within +-this (rad) from its home orientation."""
 
     def validate(self) -> None:
         problems: list[str] = []
@@ -208,6 +214,11 @@ class ResetConfig:
         if len(self.mocap_position_range) != 3:
             problems.append("reset.mocap_position_range needs 3 values (x, y, z)")
         _check_per_joint(problems, "reset.mocap_position_range", self.mocap_position_range)
+        if len(self.base_position_range) != 3:
+            problems.append("reset.base_position_range needs 3 values (x, y, z)")
+        _check_per_joint(problems, "reset.base_position_range", self.base_position_range)
+        if not (math.isfinite(self.base_yaw_range) and self.base_yaw_range >= 0.0):
+            problems.append(f"reset.base_yaw_range must be >= 0, got {self.base_yaw_range}")
         if problems:
             raise ValueError("; ".join(problems))
 
