@@ -13,12 +13,14 @@ setup(
     package_data={
         'unilab_ros.rl.native': ['*.cpp', 'CMakeLists.txt', '_unilab_native*.so'],
         'unilab_ros.middleware': ['*.xml'],
+        'unilab_ros.sims': ['models/*.xml'],
     },
     data_files=[
         ('share/ament_index/resource_index/packages', ['resource/' + package_name]),
         ('share/' + package_name, ['package.xml']),
         ('share/' + package_name + '/launch', glob('launch/*.launch.py')),
         ('share/' + package_name + '/config', glob('config/*.yaml')),
+        ('share/' + package_name + '/config/robots', glob('config/robots/*.yaml')),
     ],
     install_requires=['setuptools'],
     zip_safe=True,
@@ -32,6 +34,7 @@ setup(
             'trainer_node = unilab_ros.trainer.node:main',
             'policy_node = unilab_ros.policy_node:main',
             'gym_env_node = unilab_ros.gym_env_node:main',
+            'mujoco_robot_node = unilab_ros.sims.mujoco_robot_node:main',
             'sim_train = unilab_ros.sim_train:main',
             'pendulum_demo = unilab_ros.demo:main',
             'export_bundle = unilab_ros.export_bundle:main',

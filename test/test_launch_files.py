@@ -22,6 +22,8 @@ EXPECTED_ARGUMENTS = {
     'deploy.launch.py': {'checkpoint', 'namespace', 'params_file', 'activate'},
     'fleet_train.launch.py': {'num_robots', 'env_id', 'num_envs', 'seed', 'namespace',
                               'params_file', 'checkpoint_dir'},
+    'mujoco_robot.launch.py': {'robot', 'num_robots', 'real_time_factor', 'params_file',
+                               'use_sim_time', 'log_level'},
 }
 LAUNCH_FILES = sorted(EXPECTED_ARGUMENTS)
 
