@@ -11,6 +11,7 @@ from rclpy.qos import QoSProfile
 from std_msgs.msg import Float32MultiArray, Float64MultiArray
 
 from unilab_ros.messages import to_float32_msg, to_float64_msg
+from unilab_ros.qos import overridable
 
 ACTION_MSG_TYPES = ("float32", "float64")
 
@@ -43,7 +44,8 @@ class ActionOutput:
         self.message_type = Float64MultiArray if float64 else Float32MultiArray
         self.dtype = np.float64 if float64 else np.float32
         """What one element of a published command is on the wire."""
-        self._publisher = create(self.message_type, topic, qos)
+        self._publisher = create(self.message_type, topic, qos,
+                                 qos_overriding_options=overridable())
 
     @property
     def topic_name(self) -> str:

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 from rclpy.node import Node
-from rclpy.qos import QoSProfile
+from rclpy.qos import QoSProfile, ReliabilityPolicy
 
 from unilab_ros.action_output import ActionOutput
 
@@ -61,12 +61,11 @@ class RivalWatch:
     itself come back there too and are told apart by their bytes.
     """
 
-    def __init__(
-        self, node: Node, outputs: list[ActionOutput], qos: QoSProfile, listen_for: float
-    ) -> None:
+    def __init__(self, node: Node, outputs: list[ActionOutput], listen_for: float) -> None:
         self._node = node
         self._outputs = outputs
-        self._qos = qos
+        # Best effort hears reliable and best-effort publishers alike.
+        self._qos = QoSProfile(depth=10, reliability=ReliabilityPolicy.BEST_EFFORT)
         self._own: deque[bytes] = deque(maxlen=64)
         self._last_foreign = -math.inf
         self._listen_until = time.monotonic() + listen_for

@@ -107,13 +107,20 @@ def _declare_empty_list(node: Node, name: str, descriptor: ParameterDescriptor) 
     node.set_descriptor(name, descriptor)
 
 
-def unknown_parameters(node: Node) -> list[str]:
-    """Names given to the node (params file, ``-p``) that it does not declare.
+QOS_OVERRIDES = "qos_overrides."
+"""rclpy declares these when a topic is created, after the node read its own."""
+
+
+def unknown_parameters(node: Node, qos_overrides: bool = False) -> list[str]:
+    """Names given to the node (params file, ``-p``) that it does not declare: its own,
+    or with ``qos_overrides`` those of its topics' QoS overrides (once its topics exist).
 
     rclpy keeps such overrides aside without a word, so a misspelled name would
     silently leave its default in place; the nodes warn with this list.
     """
-    return sorted(name for name in given_parameters(node) if not node.has_parameter(name))
+    return sorted(name for name in given_parameters(node)
+                  if name.startswith(QOS_OVERRIDES) == qos_overrides
+                  and not node.has_parameter(name))
 
 
 def given_parameters(node: Node) -> set[str]:
@@ -122,8 +129,8 @@ def given_parameters(node: Node) -> set[str]:
     return set(getattr(node, "_parameter_overrides", {}))
 
 
-def warn_unknown_parameters(node: Node) -> None:
-    unknown = unknown_parameters(node)
+def warn_unknown_parameters(node: Node, qos_overrides: bool = False) -> None:
+    unknown = unknown_parameters(node, qos_overrides)
     if unknown:
         node.get_logger().warning(
             f"unknown parameter(s) ignored: {', '.join(unknown)} "

@@ -21,7 +21,6 @@ from rcl_interfaces.msg import SetParametersResult
 from rclpy.clock import Clock, ClockType
 from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
 from rclpy.parameter import Parameter
-from rclpy.qos import QoSProfile
 from std_msgs.msg import Bool, Float32MultiArray, String
 from std_srvs.srv import SetBool
 
@@ -39,6 +38,7 @@ from unilab_ros.params import (
     read_config,
     warn_unknown_parameters,
 )
+from unilab_ros.qos import RELIABILITIES, overridable, topic_qos
 from unilab_ros.rl.actions import ActionConfig, ActionMapper, override_actions
 from unilab_ros.rl.bundle import read_policy
 from unilab_ros.rl.model import MLPActorCritic
@@ -60,6 +60,9 @@ class PolicyNodeConfig:
     """Publish the mean action (else sample from the policy)."""
     qos_depth: int = 10
     """History depth of the topics."""
+    qos_reliability: str = "reliable"
+    """reliable or best_effort for every topic; one topic's QoS can be changed with its
+    qos_overrides.<topic>.* parameters."""
     observation_limit: float = 1e6
     """Observations with any |value| above this are rejected as bad input."""
 
@@ -70,6 +73,8 @@ class PolicyNodeConfig:
             raise ValueError("num_envs and qos_depth must be positive")
         if not self.observation_limit > 0.0:
             raise ValueError("observation_limit must be positive")
+        if self.qos_reliability not in RELIABILITIES:
+            raise ValueError(f"qos_reliability must be one of {sorted(RELIABILITIES)}")
 
 
 class PolicyNode(LifecycleNode):
@@ -101,11 +106,13 @@ class PolicyNode(LifecycleNode):
         self.estopped = False
         self._rivals: list[str] = []
         """Other nodes that publish this node's actions (see ``graph_checks``)."""
-        self._qos = QoSProfile(depth=self.cfg.qos_depth)
+        self._qos = topic_qos(self.cfg.qos_depth, self.cfg.qos_reliability)
         self._steady = Clock(clock_type=ClockType.STEADY_TIME)
-        self._status_pub = self.create_publisher(String, "~/status", self._qos)
+        self._status_pub = self.create_publisher(String, "~/status", self._qos,
+                                                 qos_overriding_options=overridable())
         # Listening from the start: an e-stop pressed before activation holds it safe.
-        self.create_subscription(Bool, "estop", self._on_estop, self._qos)
+        self.create_subscription(Bool, "estop", self._on_estop, self._qos,
+                                 qos_overriding_options=overridable())
         self.create_service(SetBool, "~/set_deterministic", self._srv_set_deterministic)
         self.add_on_set_parameters_callback(self._on_set_parameters)
         self.create_timer(1.0, self._publish_status, clock=self._steady)
@@ -123,13 +130,16 @@ class PolicyNode(LifecycleNode):
             return TransitionCallbackReturn.FAILURE
         self.sampler = PolicySampler(self.model, bundle.seed)
         self._action_out = ActionOutput(self, self.output_cfg, self._qos)
-        self._watch = RivalWatch(self, [self._action_out], self._qos, listen_for=0.0)
+        self._watch = RivalWatch(self, [self._action_out], listen_for=0.0)
         self._obs_sub = self.create_subscription(
-            Float32MultiArray, "observation", self._on_observation, self._qos
+            Float32MultiArray, "observation", self._on_observation, self._qos,
+            qos_overriding_options=overridable(),
         )
         self._watchdog_timer = self.create_timer(
             self.watchdog.period, self._watchdog, clock=self._steady
         )
+        # Their names exist only once the topics do.
+        warn_unknown_parameters(self, qos_overrides=True)
         source = bundle.source
         self.get_logger().info(
             f"configured with {self.cfg.checkpoint} ({source.get('kind', 'bundle')} of "

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from unilab_ros.qos import RELIABILITIES
+
 PAUSE_SERVICE_TYPES = ("empty", "trigger", "setbool")
 
 
@@ -46,6 +48,9 @@ class TrainerNodeConfig:
     """Rewards with any |value| above this are rejected as bad input."""
     qos_depth: int = 10
     """History depth of every topic."""
+    qos_reliability: str = "reliable"
+    """reliable or best_effort (e.g. for a driver that publishes SensorDataQoS) for every
+    topic; one topic's QoS can be changed with its qos_overrides.<topic>.* parameters."""
     tensorboard: bool = True
     """Also write TensorBoard scalars (needs tensorboardX)."""
     control_services: bool = True
@@ -79,3 +84,5 @@ class TrainerNodeConfig:
             raise ValueError("robots must be distinct, non-empty namespaces")
         if self.qos_depth < 1:
             raise ValueError("qos_depth must be >= 1")
+        if self.qos_reliability not in RELIABILITIES:
+            raise ValueError(f"qos_reliability must be one of {sorted(RELIABILITIES)}")

@@ -19,6 +19,7 @@ from std_msgs.msg import Float32MultiArray, UInt8MultiArray
 from unilab_ros.loop.decisions import Decision
 from unilab_ros.loop.training_loop import TrainingLoop
 from unilab_ros.messages import MessageError, read_done_codes, read_matrix, read_vector
+from unilab_ros.qos import overridable
 
 WARN_PERIOD = 5.0
 """Seconds between repeats of one topic's bad-input warning."""
@@ -32,7 +33,8 @@ def stamped_at_reception(
     def callback(msg: Any, info: dict[str, Any]) -> None:
         handler(msg, info["received_timestamp"])
 
-    return node.create_subscription(msg_type, topic, callback, qos)
+    return node.create_subscription(msg_type, topic, callback, qos,
+                                    qos_overriding_options=overridable())
 
 
 def stamped_at_entry(
@@ -47,7 +49,8 @@ def stamped_at_entry(
     def callback(msg: Any) -> None:
         handler(msg, time.time_ns())
 
-    return node.create_subscription(msg_type, topic, callback, qos)
+    return node.create_subscription(msg_type, topic, callback, qos,
+                                    qos_overriding_options=overridable())
 
 
 def drain(sub: Subscription[Any], receive: Any) -> int:

@@ -41,7 +41,8 @@ from unilab_ros.loop.decisions import (
 )
 from unilab_ros.loop.training_loop import Phase, TrainingLoop
 from unilab_ros.loop.watchdog import Watchdog
-from unilab_ros.params import ConfigError
+from unilab_ros.params import ConfigError, warn_unknown_parameters
+from unilab_ros.qos import incompatible_publishers, overridable, topic_qos
 from unilab_ros.rl import PPOAgent, heap
 from unilab_ros.rl.blas import blas_description
 from unilab_ros.rl.checkpoint import CheckpointError
@@ -141,24 +142,29 @@ class TrainerNode(Node):
             f"iteration {self.agent.iteration}, BLAS: {blas_description()}, heap: "
             f"{heap.status}; output: {folder}"
         )
+        # Their names exist only once the topics do.
+        warn_unknown_parameters(self, qos_overrides=True)
         self._closed = False
 
     def _connect_all(
         self, arrival_ordered: bool, output_cfg: ActionOutputConfig, step_timeout: float
     ) -> None:
         """Publishers, subscriptions, services, parameter callbacks and timers."""
-        qos = QoSProfile(depth=self.cfg.qos_depth)
-        self._status_pub = self.create_publisher(String, "~/status", qos)
-        self._diag_pub = self.create_publisher(DiagnosticArray, "/diagnostics", qos)
+        qos = topic_qos(self.cfg.qos_depth, self.cfg.qos_reliability)
+        self._status_pub = self.create_publisher(String, "~/status", qos,
+                                                 qos_overriding_options=overridable())
+        self._diag_pub = self.create_publisher(DiagnosticArray, "/diagnostics", qos,
+                                               qos_overriding_options=overridable())
         self._robots = [
             self._connect(r, robot.name, arrival_ordered, output_cfg, qos)
             for r, robot in enumerate(self.loop.robots)
         ]
         self._paused_robots: list[int] = []
         """The robots whose simulators were paused for the update in progress."""
-        self._watch = RivalWatch(self, [robot.action_out for robot in self._robots], qos,
+        self._watch = RivalWatch(self, [robot.action_out for robot in self._robots],
                                  NEWCOMER_WINDOW)
-        self.create_subscription(Bool, "estop", self._on_estop, qos)
+        self.create_subscription(Bool, "estop", self._on_estop, qos,
+                                 qos_overriding_options=overridable())
         if self.cfg.control_services:
             TrainerServices(self, self.loop, self.artifacts, self.save, f"{NODE_NAME} (live)")
         LiveParameters(self, self.loop, self.cfg.control_services)
@@ -350,7 +356,10 @@ class TrainerNode(Node):
         if self.loop.phase is not Phase.WAITING:
             return
         topics = ", ".join(
-            f"{sub.topic_name} ({self.count_publishers(sub.topic_name)} publishers)"
+            f"{sub.topic_name} ({self.count_publishers(sub.topic_name)} publishers"
+            + "".join(f"; QoS incompatible, matches nothing: {other}" for other in
+                      incompatible_publishers(self, sub.topic_name, sub.qos_profile))
+            + ")"
             for robot in self._robots
             for sub in robot.input.subscriptions
         )
