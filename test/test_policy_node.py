@@ -292,6 +292,10 @@ def test_the_training_action_mapping_comes_from_the_checkpoint(context, tmp_path
         np.testing.assert_array_equal(node.actions.scale, [2.0, 2.0])
         np.testing.assert_array_equal(node.actions.high, [2.0, 2.0])
         np.testing.assert_array_equal(node.actions.safe, np.full((NUM_ENVS, ACTION_DIM), 0.5))
+        # The parameters report the mapping in force, and stay read-only.
+        assert list(node.get_parameter("action_high").value) == [2.0]
+        assert list(node.get_parameter("safe_action").value) == [0.5]
+        assert node.describe_parameter("action_high").read_only
     finally:
         node.destroy_node()
     # A parameter given to the node overrides that one field (and is logged with both).
@@ -299,6 +303,8 @@ def test_the_training_action_mapping_comes_from_the_checkpoint(context, tmp_path
     try:
         np.testing.assert_array_equal(node.actions.scale, [0.5, 0.5])
         np.testing.assert_array_equal(node.actions.high, [2.0, 2.0])
+        assert list(node.get_parameter("action_scale").value) == [0.5]
+        assert list(node.get_parameter("action_high").value) == [2.0]
     finally:
         node.destroy_node()
 

@@ -111,6 +111,21 @@ QOS_OVERRIDES = "qos_overrides."
 """rclpy declares these when a topic is created, after the node read its own."""
 
 
+def report_config(node: Node, config: Any, prefix: str = "") -> None:
+    """Make the (read-only) parameters of ``config``'s fields report these values: the
+    ones in force, when they came from elsewhere (a policy file), so ``ros2 param get``
+    never says one thing while the node does another."""
+    for field in dataclasses.fields(config):
+        name = _name(prefix, field.name)
+        value = getattr(config, field.name)
+        current = node.get_parameter(name)
+        if _plain(current.value) == value:
+            continue
+        # rclpy has no public way to change a read-only parameter, not even for its own
+        # node (set_descriptor refuses too): its store, of the same type as declared.
+        node._parameters[name] = Parameter(name, current.type_, value)
+
+
 def unknown_parameters(node: Node, qos_overrides: bool = False) -> list[str]:
     """Names given to the node (params file, ``-p``) that it does not declare: its own,
     or with ``qos_overrides`` those of its topics' QoS overrides (once its topics exist).

@@ -35,6 +35,7 @@ from unilab_ros.params import (
     ConfigError,
     declare_config,
     given_parameters,
+    report_config,
     read_config,
     warn_unknown_parameters,
 )
@@ -206,6 +207,7 @@ class PolicyNode(LifecycleNode):
         )
         for note in notes:
             self.get_logger().warning(note)
+        report_config(self, settings)
         return settings
 
     def _publish(self, actions: np.ndarray) -> None:
