@@ -35,8 +35,8 @@ from unilab_ros.params import (
     ConfigError,
     declare_config,
     given_parameters,
-    report_config,
     read_config,
+    report_config,
     warn_unknown_parameters,
 )
 from unilab_ros.qos import RELIABILITIES, overridable, topic_qos
