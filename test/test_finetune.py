@@ -6,6 +6,8 @@ short budget; the options are checked on tiny sizes.
 
 from __future__ import annotations
 
+import json
+
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -240,3 +242,26 @@ def deployed_return(policy, setup) -> float:
         return float(total.mean())
     finally:
         sim.close()
+
+
+@pytest.mark.parametrize(("name", "value", "message"), [
+    ("normalizer.var", -1.0, "normalizer.var holds -1: it must be >= 0"),
+    ("std", float("nan"), "std holds non-finite"),
+    ("source", -10, "source.env_steps is -10: it must be a count >= 0"),
+])
+def test_fine_tuning_refuses_a_policy_with_an_impossible_value(
+    trained_bundle, tmp_path, name, value, message
+):
+    path, _ = trained_bundle
+    arrays, header = mx.load(str(path), return_metadata=True)
+    if name == "source":
+        meta = json.loads(header["bundle"])
+        meta["source"]["env_steps"] = value
+        header = header | {"bundle": json.dumps(meta)}
+    else:
+        arrays[name] = mx.full(arrays[name].shape, value)
+    bad = tmp_path / "bad.safetensors"
+    mx.save_safetensors(str(bad), arrays, metadata=header)
+    with pytest.raises(ValueError, match=message):
+        make_agent(SIZES, MODEL, ppo(), None, ACTIONS, FineTuneConfig(str(bad)),
+                   runtime_cfg=EAGER)
