@@ -265,3 +265,23 @@ def test_fine_tuning_refuses_a_policy_with_an_impossible_value(
     with pytest.raises(ValueError, match=message):
         make_agent(SIZES, MODEL, ppo(), None, ACTIONS, FineTuneConfig(str(bad)),
                    runtime_cfg=EAGER)
+
+
+def test_the_anchor_loss_runs_compiled_with_the_uncompiled_result(trained_bundle, caplog):
+    path, _ = trained_bundle
+    agents = [
+        make_agent(SIZES, MODEL, ppo(anchor_coef=1.0, learning_rate=3e-3), None, ACTIONS,
+                   FineTuneConfig(str(path), init_std=0.3),
+                   runtime_cfg=PPORuntimeConfig(enable_compile=compiled))[0]
+        for compiled in (True, False)
+    ]
+    for agent in agents:
+        rollout(agent, np.random.default_rng(5))
+    compiled, eager = agents
+    assert compiled.trainer.compile_error is None
+    assert not [r for r in caplog.records if "mx.compile failed" in r.getMessage()]
+    expected = actor_arrays(eager)
+    for name, value in actor_arrays(compiled).items():
+        np.testing.assert_allclose(value, expected[name], rtol=1e-4, atol=1e-6, err_msg=name)
+    assert not np.array_equal(expected["actor.layers.0.weight"],
+                              np.array(read_policy(path).arrays["actor.layers.0.weight"]))

@@ -803,3 +803,17 @@ def test_removed_fields_are_refused(name):
     assert name not in {field.name for field in dataclasses.fields(PPOConfig)}
     with pytest.raises(TypeError):
         PPOConfig(**{name: 1})
+
+
+def test_a_compile_failure_is_logged_through_the_package_logger(monkeypatch, caplog, capsys):
+    def refuse(*_args, **_kwargs):
+        raise ValueError("no compiler here")
+
+    monkeypatch.setattr(mx, "compile", refuse)
+    model = make_model()
+    trainer = make_trainer(model, ppo_config(), enable_compile=True)
+    trainer.update(filled_buffer(model))
+    assert trainer.compile_error == "ValueError: no compiler here"
+    [record] = [r for r in caplog.records if "mx.compile failed" in r.getMessage()]
+    assert record.name == "unilab_ros.rl.ppo"
+    assert capsys.readouterr().out == ""

@@ -203,8 +203,11 @@ class PPOTrainer:
         if not self.runtime.enable_compile:
             return self._train_step
         state = self._state()
+        # The anchor's arrays are read, never written: inputs only. Left out, its arrays
+        # loaded from a file are inputs mx.compile has not captured, and it refuses.
+        inputs = state if self._anchor is None else [*state, self._anchor.state]
         try:
-            return mx.compile(self._train_step, inputs=state, outputs=state)
+            return mx.compile(self._train_step, inputs=inputs, outputs=state)
         except Exception as error:  # noqa: BLE001 - any compile failure falls back to eager
             self._compile_failed(error)
             return self._train_step
