@@ -19,11 +19,13 @@ another seed without editing the file (bench/learning.py runs seeds this way).
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from unilab_ros.metrics_log import read_metrics
@@ -46,6 +48,28 @@ def node_command(module: str, params_file: Path, overrides: dict[str, str]) -> l
     for name, value in overrides.items():
         command += ["-p", f"{name}:={value}"]
     return command
+
+
+PR_SET_PDEATHSIG = 1
+"""prctl option (linux/prctl.h): the signal a process gets when its parent dies."""
+
+
+def die_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that has the child sent SIGTERM (the nodes save and exit on it)
+    when this process dies, even by SIGKILL, so no node is left training an orphaned run.
+    Linux only: None elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return None
+    # Loaded here, in the parent: a child between fork and exec must not load libraries.
+    libc = ctypes.CDLL(None, use_errno=True)
+    parent = os.getpid()
+
+    def preexec() -> None:
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # the parent died before prctl: no signal would come
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return preexec
 
 
 def stop(process: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
@@ -85,10 +109,12 @@ def main(argv: list[str] | None = None) -> int:
         trainer_overrides["seed"] = str(args.seed)
         bridge_overrides["seed"] = str(args.seed)
     bridge = subprocess.Popen(
-        node_command("unilab_ros.gym_env_node", params_file, bridge_overrides), env=env
+        node_command("unilab_ros.gym_env_node", params_file, bridge_overrides), env=env,
+        preexec_fn=die_with_parent(),
     )
     trainer = subprocess.Popen(
-        node_command("unilab_ros.trainer_node", params_file, trainer_overrides), env=env
+        node_command("unilab_ros.trainer_node", params_file, trainer_overrides), env=env,
+        preexec_fn=die_with_parent(),
     )
     start = time.monotonic()
     # SIGTERM (systemd, docker stop, a launch system) stops the run as Ctrl-C does: the
