@@ -66,6 +66,8 @@ def test_rows_are_written_in_order_and_close_writes_the_pending_ones(tmp_path):
     log = MetricsLog(tmp_path, tensorboard=True)
     for iteration in range(20):
         log.write(iteration, {"mean_return": -iteration * 1.5, "note": float("nan")})
+        # On a disk that answers, the row is there when write returns.
+        assert read_metrics(tmp_path / "metrics.csv")["iteration"][-1] == iteration
     log.close()
     metrics = read_metrics(tmp_path / "metrics.csv")
     assert metrics["iteration"] == list(range(20))
@@ -86,6 +88,20 @@ def test_a_removed_run_folder_gets_its_header_and_a_new_event_file(tmp_path):
     assert read_metrics(folder / "metrics.csv")["iteration"] == [1, 2]
     assert list((folder / "tensorboard").glob("events.out.tfevents.*"))
     assert log.failures == 2  # the CSV and the TensorBoard file were lost, each once
+
+
+def test_a_csv_write_that_never_returns_costs_one_short_wait(tmp_path):
+    # A FIFO nobody reads: opening it for writing blocks for ever, as a dead disk would.
+    os.mkfifo(tmp_path / "metrics.csv")
+    log = MetricsLog(tmp_path, tensorboard=False)
+    start = time.monotonic()
+    for iteration in range(20):
+        log.write(iteration, VALUES)
+    assert time.monotonic() - start < 20 * metrics_log.CSV_WAIT / 2
+    assert _returns_within(lambda: log.close(timeout=0.5), 3.0)
+    assert log.failures >= 1  # the rows close could not write
+    # Let the stuck thread go.
+    os.close(os.open(tmp_path / "metrics.csv", os.O_RDONLY | os.O_NONBLOCK))
 
 
 def test_read_metrics_skips_a_partial_last_row_and_broken_rows(tmp_path):

@@ -34,6 +34,10 @@ thread died is noticed at the next row, before its full queue would block a put 
 close)."""
 TENSORBOARD_RETRY = 30.0
 """Seconds between new event files while TensorBoard writes keep failing."""
+CSV_WAIT = 0.05
+"""Seconds ``write`` waits for its CSV row while the CSV thread keeps up, so a row is on
+disk when ``write`` returns (as readers of metrics.csv expect); once a wait times out,
+``write`` waits no more until the thread has caught up."""
 
 _STOP = object()
 
@@ -48,17 +52,26 @@ class _WriterThread:
         self._handle = handle
         self._finish = finish
         self._queue: queue.Queue[Any] = queue.Queue(capacity)
+        self._idle = threading.Condition()
+        self._pending = 0
         # Daemon: a thread stuck in a dead disk's write must not keep the process alive.
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
     def submit(self, item: Any) -> bool:
         """Queue ``item``; False (dropped) when the queue is full."""
-        try:
-            self._queue.put_nowait(item)
-        except queue.Full:
-            return False
+        with self._idle:
+            try:
+                self._queue.put_nowait(item)
+            except queue.Full:
+                return False
+            self._pending += 1
         return True
+
+    def wait_idle(self, timeout: float) -> bool:
+        """True once every submitted item was handled, False after ``timeout`` seconds."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._pending == 0, timeout)
 
     def stop(self, deadline: float) -> bool:
         """Let the pending items be handled, then end the thread; False when that did not
@@ -73,6 +86,9 @@ class _WriterThread:
     def _run(self) -> None:
         while (item := self._queue.get()) is not _STOP:
             self._handle(item)
+            with self._idle:
+                self._pending -= 1
+                self._idle.notify_all()
         if self._finish is not None:
             self._finish()
 
@@ -97,6 +113,7 @@ class MetricsLog:
         """Rows (CSV or TensorBoard) dropped because their writer thread was behind."""
         self._logged: set[str] = set()
         self._columns: list[str] | None = None
+        self._csv_behind = False
         self._writer: Any = None
         self._tensorboard_retry_at = -math.inf
         try:
@@ -147,14 +164,19 @@ class MetricsLog:
             _LOG.error("%s (training goes on; logged once)", message)
 
     def write(self, iteration: int, values: dict[str, float]) -> None:
-        """Queue one row; returns at once, whatever the disk does."""
+        """Queue one row; returns within CSV_WAIT seconds, whatever the disk does."""
         row = {"iteration": iteration, **values}
-        for name, thread in (("CSV", self._csv_thread), ("TensorBoard", self._tensorboard_thread)):
+        csv_thread = self._csv_thread
+        if csv_thread is not None and self._csv_behind:
+            self._csv_behind = not csv_thread.wait_idle(0.0)
+        for name, thread in (("CSV", csv_thread), ("TensorBoard", self._tensorboard_thread)):
             if thread is not None and not thread.submit(row):
                 with self._lock:
                     self.dropped += 1
                 self._failed(f"dropped {name}", f"{name} metrics writes are behind (a slow "
                              f"or dead disk?): the row of iteration {iteration} is dropped")
+        if csv_thread is not None and not self._csv_behind:
+            self._csv_behind = not csv_thread.wait_idle(CSV_WAIT)
 
     def _write_row(self, row: dict[str, Any]) -> None:
         columns = self._columns or list(row)
