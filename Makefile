@@ -24,7 +24,15 @@ endif
 
 .PHONY: setup openblas native test demo bench lint clean distclean
 
-setup: $(SETUP_STAMP)
+# ROS 2's launch, launch_ros, launch_testing and the ros2 CLI are not on PyPI. Given a
+# wheelhouse of them (e.g. ROS2_WHEELHOUSE=../shared/wheels/ros2-launch, whose README says
+# how they were built), setup installs it (so does test, which sets up first) and the
+# launch tests run for real; without one those tests skip and say so. Never
+# `pip install launch`: an unrelated project.
+ROS2_WHEELHOUSE ?=
+LAUNCH_STAMP := $(VENV)/.unilab-launch-stamp
+
+setup: $(SETUP_STAMP) $(if $(ROS2_WHEELHOUSE),$(LAUNCH_STAMP))
 
 # pip's PEP 660 editable install ignores setup.cfg's [develop]/[install] script dirs
 # (those steer colcon's `setup.py develop/install` into lib/unilab_ros), so the console
@@ -61,14 +69,7 @@ openblas:
 native:
 	-$(PY) -m unilab_ros.rl.native
 
-# ROS 2's launch, launch_ros, launch_testing and the ros2 CLI are not on PyPI. Given a
-# wheelhouse of them (e.g. ROS2_WHEELHOUSE=../shared/wheels/ros2-launch, whose README says
-# how they were built), the tests install it and run the launch tests for real; without
-# one those tests skip and say so. Never `pip install launch`: an unrelated project.
-ROS2_WHEELHOUSE ?=
-LAUNCH_STAMP := $(VENV)/.unilab-launch-stamp
-
-test: setup $(if $(ROS2_WHEELHOUSE),$(LAUNCH_STAMP))
+test: setup
 	$(if $(UNILAB_CI),UNILAB_CI=$(UNILAB_CI)) $(PY) -m pytest -q $(PYTEST_ARGS)
 
 $(LAUNCH_STAMP): $(SETUP_STAMP)

@@ -29,6 +29,8 @@ def generate_launch_description() -> LaunchDescription:
     namespace = LaunchConfiguration('namespace')
     params_file = LaunchConfiguration('params_file')
     activate = LaunchConfiguration('activate')
+    use_sim_time = LaunchConfiguration('use_sim_time')
+    log_level = LaunchConfiguration('log_level')
 
     arguments = [
         DeclareLaunchArgument(
@@ -45,12 +47,20 @@ def generate_launch_description() -> LaunchDescription:
         DeclareLaunchArgument(
             'activate', default_value='true',
             description='Activate the policy node once configured (false: leave it inactive)'),
+        DeclareLaunchArgument(
+            'use_sim_time', default_value='false', choices=['true', 'false'],
+            description='Use the /clock topic (e.g. Gazebo) instead of the wall clock'),
+        DeclareLaunchArgument(
+            'log_level', default_value='info',
+            choices=['debug', 'info', 'warn', 'error', 'fatal'],
+            description='Log level of the policy node (--ros-args --log-level)'),
     ]
     policy = LifecycleNode(
         package='unilab_ros', executable='policy_node', name='unilab_policy',
-        namespace=namespace, output='screen',
+        namespace=namespace, output='screen', ros_arguments=['--log-level', log_level],
         parameters=[params_file,
-                    {'checkpoint': ParameterValue(checkpoint, value_type=str)}])
+                    {'checkpoint': ParameterValue(checkpoint, value_type=str),
+                     'use_sim_time': ParameterValue(use_sim_time, value_type=bool)}])
 
     def change_state(transition_id: int) -> EmitEvent:
         return EmitEvent(event=ChangeState(

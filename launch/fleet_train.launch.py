@@ -33,12 +33,16 @@ def _fleet(context: LaunchContext) -> list:
     namespace = LaunchConfiguration('namespace').perform(context).strip('/')
     seed = int(LaunchConfiguration('seed').perform(context))
     num_envs = ParameterValue(LaunchConfiguration('num_envs'), value_type=int)
+    use_sim_time = ParameterValue(LaunchConfiguration('use_sim_time'), value_type=bool)
+    ros_arguments = ['--log-level', LaunchConfiguration('log_level')]
     robots = [f'robot{k}' for k in range(1, num_robots + 1)]
     bridges = [
         Node(package='unilab_ros', executable='gym_env_node', name='gym_env',
              namespace='/'.join(filter(None, [namespace, robot])), output='screen',
+             ros_arguments=ros_arguments,
              parameters=[params_file, {
                  'num_envs': num_envs, 'seed': seed + SEED_STRIDE * k,
+                 'use_sim_time': use_sim_time,
                  # A trainer stopped during an update never resumes its bridges: they
                  # resume themselves after this many seconds.
                  'max_pause': FLEET_MAX_PAUSE,
@@ -47,9 +51,9 @@ def _fleet(context: LaunchContext) -> list:
     ]
     trainer = Node(
         package='unilab_ros', executable='trainer_node', name='unilab_trainer',
-        namespace=namespace, output='screen',
+        namespace=namespace, output='screen', ros_arguments=ros_arguments,
         parameters=[params_file, {
-            'num_envs': num_envs, 'robots': robots,
+            'num_envs': num_envs, 'robots': robots, 'use_sim_time': use_sim_time,
             'checkpoint_dir': ParameterValue(
                 LaunchConfiguration('checkpoint_dir'), value_type=str)}])
     return [*bridges, trainer, ends_the_launch(trainer, 'unilab_trainer')]
@@ -82,6 +86,13 @@ def generate_launch_description() -> LaunchDescription:
             'checkpoint_dir', default_value='',
             description='Output folder of the trainer (wins over params_file); empty: a new '
                         'folder per run under runs/<namespace or default>/'),
+        DeclareLaunchArgument(
+            'use_sim_time', default_value='false', choices=['true', 'false'],
+            description='Use the /clock topic instead of the wall clock (bridges and trainer)'),
+        DeclareLaunchArgument(
+            'log_level', default_value='info',
+            choices=['debug', 'info', 'warn', 'error', 'fatal'],
+            description='Log level of the bridges and the trainer (--ros-args --log-level)'),
     ]
     return LaunchDescription([
         *arguments, require_params_file(), OpaqueFunction(function=_fleet),

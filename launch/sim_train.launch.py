@@ -23,6 +23,7 @@ def generate_launch_description() -> LaunchDescription:
     params_file = LaunchConfiguration('params_file')
     checkpoint_dir = LaunchConfiguration('checkpoint_dir')
     use_sim_time = LaunchConfiguration('use_sim_time')
+    log_level = LaunchConfiguration('log_level')
 
     arguments = [
         DeclareLaunchArgument(
@@ -47,6 +48,10 @@ def generate_launch_description() -> LaunchDescription:
         DeclareLaunchArgument(
             'use_sim_time', default_value='false', choices=['true', 'false'],
             description='Use the /clock topic instead of the wall clock'),
+        DeclareLaunchArgument(
+            'log_level', default_value='info',
+            choices=['debug', 'info', 'warn', 'error', 'fatal'],
+            description='Log level of the bridge and the trainer (--ros-args --log-level)'),
     ]
     common = {
         'num_envs': ParameterValue(num_envs, value_type=int),
@@ -54,11 +59,11 @@ def generate_launch_description() -> LaunchDescription:
     }
     gym_env = Node(
         package='unilab_ros', executable='gym_env_node', name='gym_env',
-        namespace=namespace, output='screen',
+        namespace=namespace, output='screen', ros_arguments=['--log-level', log_level],
         parameters=[params_file, {**common, 'env_id': ParameterValue(env_id, value_type=str)}])
     trainer = Node(
         package='unilab_ros', executable='trainer_node', name='unilab_trainer',
-        namespace=namespace, output='screen',
+        namespace=namespace, output='screen', ros_arguments=['--log-level', log_level],
         parameters=[params_file, {
             **common,
             'checkpoint_dir': ParameterValue(checkpoint_dir, value_type=str)}])

@@ -21,6 +21,7 @@ def generate_launch_description() -> LaunchDescription:
     params_file = LaunchConfiguration('params_file')
     checkpoint_dir = LaunchConfiguration('checkpoint_dir')
     use_sim_time = LaunchConfiguration('use_sim_time')
+    log_level = LaunchConfiguration('log_level')
 
     arguments = [
         DeclareLaunchArgument(
@@ -39,10 +40,14 @@ def generate_launch_description() -> LaunchDescription:
         DeclareLaunchArgument(
             'use_sim_time', default_value='false', choices=['true', 'false'],
             description='Use the /clock topic (e.g. Gazebo) instead of the wall clock'),
+        DeclareLaunchArgument(
+            'log_level', default_value='info',
+            choices=['debug', 'info', 'warn', 'error', 'fatal'],
+            description='Log level of the trainer (--ros-args --log-level)'),
     ]
     trainer = Node(
         package='unilab_ros', executable='trainer_node', name='unilab_trainer',
-        namespace=namespace, output='screen',
+        namespace=namespace, output='screen', ros_arguments=['--log-level', log_level],
         parameters=[params_file,
                     {'use_sim_time': ParameterValue(use_sim_time, value_type=bool),
                      'checkpoint_dir': ParameterValue(checkpoint_dir, value_type=str)}])

@@ -191,3 +191,32 @@ def test_the_command_exits_2_with_one_line_on_bad_input(tmp_path):
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1 and reason in lines[0], (args, result.stderr)
     assert not (tmp_path / "out.safetensors").exists()
+
+
+@pytest.mark.parametrize(("name", "value", "message"), [
+    ("normalizer.var", -1.0, "normalizer.var holds -1: it must be >= 0"),
+    ("normalizer.var", float("nan"), "normalizer.var holds non-finite"),
+    ("normalizer.mean", float("inf"), "normalizer.mean holds non-finite"),
+    ("actor.layers.1.bias", float("nan"), "actor.layers.1.bias holds non-finite"),
+])
+def test_a_bundle_with_an_impossible_value_is_refused_in_one_line(tmp_path, name, value, message):
+    checkpoint = save_checkpoint(tmp_path / "ckpt", trained_agent(), actions=TRAINED)
+    path = save_bundle(tmp_path / "policy", read_policy(checkpoint))
+    arrays, meta = mx.load(str(path), return_metadata=True)
+    arrays[name] = mx.full(arrays[name].shape, value)
+    bad = tmp_path / "bad.safetensors"
+    mx.save_safetensors(str(bad), arrays, metadata=meta)
+    for load in (load_bundle, read_policy):
+        with pytest.raises(BundleError, match=message) as caught:
+            load(bad)
+        assert str(caught.value).startswith(str(bad)) and "\n" not in str(caught.value)
+
+
+def test_read_policy_refuses_a_checkpoint_with_a_negative_variance(tmp_path):
+    checkpoint = save_checkpoint(tmp_path / "ckpt", trained_agent(), actions=TRAINED)
+    arrays, meta = mx.load(str(checkpoint), return_metadata=True)
+    arrays["model/normalizer.var"] = -arrays["model/normalizer.var"]
+    bad = tmp_path / "bad.safetensors"
+    mx.save_safetensors(str(bad), arrays, metadata=meta)
+    with pytest.raises(BundleError, match="bad.safetensors: normalizer.var holds -"):
+        read_policy(bad)

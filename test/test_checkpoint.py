@@ -10,6 +10,7 @@ from pathlib import Path
 import mlx.core as mx  # conftest loaded the optimized BLAS first
 import numpy as np
 import pytest
+from mlx.utils import tree_flatten
 
 import unilab_ros.rl  # noqa: F401 - loads the optimized BLAS before mlx
 from unilab_ros.rl.actions import ActionConfig
@@ -212,3 +213,87 @@ def test_malformed_metadata_is_one_clear_error(tmp_path, change):
     with pytest.raises(CheckpointError, match="malformed metadata") as caught:
         Checkpoint(tmp_path / "changed.safetensors")
     assert "\n" not in str(caught.value)
+
+
+def _tampered(tmp_path: Path, path: Path, name: str, value: float | None,
+              meta_change: dict[str, str] | None = None) -> Path:
+    """``path`` rewritten with ``name`` holding ``value`` (every element; None drops it)."""
+    arrays, meta = mx.load(str(path), return_metadata=True)
+    if value is None:
+        del arrays[name]
+    else:
+        arrays[name] = mx.full(arrays[name].shape, value, arrays[name].dtype)
+    changed = tmp_path / f"bad-{name.replace('/', '_')}.safetensors"
+    mx.save_safetensors(str(changed), arrays, metadata=meta | (meta_change or {}))
+    return changed
+
+
+@pytest.mark.parametrize(("name", "value", "message"), [
+    ("model/normalizer.var", -1.0, "model/normalizer.var holds -1: it must be >= 0"),
+    ("model/normalizer.var", float("inf"), "model/normalizer.var holds non-finite"),
+    ("model/normalizer.count", -3.0, "model/normalizer.count holds -3: it must be >= 0"),
+    ("model/normalizer.mean", float("nan"), "model/normalizer.mean holds non-finite"),
+    ("model/std", float("nan"), "model/std holds non-finite"),
+])
+def test_a_checkpoint_with_an_impossible_model_value_is_refused(tmp_path, name, value, message):
+    agent = make_agent()
+    run_iterations(agent, 1, seed=1)
+    bad = _tampered(tmp_path, save_checkpoint(tmp_path / "ok", agent), name, value)
+    for load in (lambda: restore_agent(make_agent(), Checkpoint(bad)), lambda: load_policy(bad)):
+        with pytest.raises(CheckpointError, match=re.escape(message)) as caught:
+            load()
+        assert str(caught.value).startswith(str(bad)) and "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize(("name", "value", "message"), [
+    ("optimizer/learning_rate", float("nan"), "optimizer/learning_rate holds non-finite"),
+    ("optimizer/learning_rate", 0.0, "optimizer/learning_rate is 0: it must be > 0"),
+    ("optimizer/learning_rate", -1e-3, "optimizer/learning_rate is -0.001: it must be > 0"),
+    ("optimizer/actor.layers.0.weight.m", float("nan"),
+     "optimizer/actor.layers.0.weight.m holds non-finite"),
+    ("optimizer/critic.layers.0.bias.v", -1.0,
+     "optimizer/critic.layers.0.bias.v holds -1: it must be >= 0"),
+    ("optimizer/std.v", float("inf"), "optimizer/std.v holds non-finite"),
+    ("optimizer/actor.layers.1.bias.m", None, "missing ['actor.layers.1.bias.m']"),
+    ("schedule/adv_std_mean", float("nan"), "schedule/adv_std_mean holds non-finite"),
+    ("schedule/rollouts_seen", -2.0, "schedule/rollouts_seen is -2: it must be >= 0"),
+    ("rng/noise_key", None, "rng/noise_key is missing or not a"),
+])
+def test_a_checkpoint_with_an_impossible_training_state_is_refused(
+    tmp_path, name, value, message
+):
+    agent = make_agent()
+    run_iterations(agent, 1, seed=1)
+    bad = _tampered(tmp_path, save_checkpoint(tmp_path / "ok", agent), name, value)
+    resumed = make_agent()
+    before = dict(tree_flatten(resumed.trainer.optimizer.state))
+    with pytest.raises(CheckpointError, match=re.escape(message)) as caught:
+        restore_agent(resumed, Checkpoint(bad))
+    assert str(caught.value).startswith(str(bad)) and "\n" not in str(caught.value)
+    assert arrays_equal(dict(tree_flatten(resumed.trainer.optimizer.state)), before)
+
+
+def test_an_optimizer_step_stored_as_a_negative_number_is_refused(tmp_path):
+    path = save_checkpoint(tmp_path / "ok", make_agent())
+    arrays, meta = mx.load(str(path), return_metadata=True)
+    arrays["optimizer/step"] = mx.array(-1.0)
+    mx.save_safetensors(str(tmp_path / "step.safetensors"), arrays, metadata=meta)
+    with pytest.raises(CheckpointError, match=re.escape("optimizer/step holds -1")):
+        restore_agent(make_agent(), Checkpoint(tmp_path / "step.safetensors"))
+
+
+@pytest.mark.parametrize("field", ["iteration", "env_steps"])
+def test_a_negative_count_in_the_metadata_is_refused(tmp_path, field):
+    path = save_checkpoint(tmp_path / "ok", make_agent())
+    arrays, meta = mx.load(str(path), return_metadata=True)
+    mx.save_safetensors(str(tmp_path / "neg.safetensors"), arrays, metadata=meta | {field: "-5"})
+    with pytest.raises(CheckpointError, match=f"malformed metadata.*{field}"):
+        Checkpoint(tmp_path / "neg.safetensors")
+
+
+def test_a_constant_observation_with_zero_variance_still_loads(tmp_path):
+    agent = make_agent()
+    agent.model.normalizer.update(mx.ones((10, SIZES.obs_dim)))
+    path = save_checkpoint(tmp_path / "constant", agent)
+    assert float(mx.min(Checkpoint(path).arrays["model/normalizer.var"]).item()) == 0.0
+    restore_agent(make_agent(), Checkpoint(path))

@@ -6,6 +6,8 @@ short budget; the options are checked on tiny sizes.
 
 from __future__ import annotations
 
+import json
+
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -240,3 +242,46 @@ def deployed_return(policy, setup) -> float:
         return float(total.mean())
     finally:
         sim.close()
+
+
+@pytest.mark.parametrize(("name", "value", "message"), [
+    ("normalizer.var", -1.0, "normalizer.var holds -1: it must be >= 0"),
+    ("std", float("nan"), "std holds non-finite"),
+    ("source", -10, "source.env_steps is -10: it must be a count >= 0"),
+])
+def test_fine_tuning_refuses_a_policy_with_an_impossible_value(
+    trained_bundle, tmp_path, name, value, message
+):
+    path, _ = trained_bundle
+    arrays, header = mx.load(str(path), return_metadata=True)
+    if name == "source":
+        meta = json.loads(header["bundle"])
+        meta["source"]["env_steps"] = value
+        header = header | {"bundle": json.dumps(meta)}
+    else:
+        arrays[name] = mx.full(arrays[name].shape, value)
+    bad = tmp_path / "bad.safetensors"
+    mx.save_safetensors(str(bad), arrays, metadata=header)
+    with pytest.raises(ValueError, match=message):
+        make_agent(SIZES, MODEL, ppo(), None, ACTIONS, FineTuneConfig(str(bad)),
+                   runtime_cfg=EAGER)
+
+
+def test_the_anchor_loss_runs_compiled_with_the_uncompiled_result(trained_bundle, caplog):
+    path, _ = trained_bundle
+    agents = [
+        make_agent(SIZES, MODEL, ppo(anchor_coef=1.0, learning_rate=3e-3), None, ACTIONS,
+                   FineTuneConfig(str(path), init_std=0.3),
+                   runtime_cfg=PPORuntimeConfig(enable_compile=compiled))[0]
+        for compiled in (True, False)
+    ]
+    for agent in agents:
+        rollout(agent, np.random.default_rng(5))
+    compiled, eager = agents
+    assert compiled.trainer.compile_error is None
+    assert not [r for r in caplog.records if "mx.compile failed" in r.getMessage()]
+    expected = actor_arrays(eager)
+    for name, value in actor_arrays(compiled).items():
+        np.testing.assert_allclose(value, expected[name], rtol=1e-4, atol=1e-6, err_msg=name)
+    assert not np.array_equal(expected["actor.layers.0.weight"],
+                              np.array(read_policy(path).arrays["actor.layers.0.weight"]))

@@ -1,4 +1,4 @@
-"""The launch files: checked statically everywhere, and loaded where ROS 2 `launch` exists.
+"""The launch files: checked statically everywhere, loaded and run where ROS 2 `launch` exists.
 
 `launch` and `launch_ros` come with a ROS 2 distro (or RoboStack), not from PyPI, so the
 static checks read the files with `ast`: docstring, `generate_launch_description`, a
@@ -8,20 +8,26 @@ nodes that print to the screen and take dict parameters after files, known execu
 
 import ast
 import importlib.util
+import os
 import re
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]
 LAUNCH_DIR = PACKAGE_ROOT / 'launch'
+COMMON_ARGUMENTS = {'params_file', 'namespace', 'use_sim_time', 'log_level'}
+"""Every launch file has these: a params file, a namespace, the clock and the log level."""
 EXPECTED_ARGUMENTS = {
-    'sim_train.launch.py': {'env_id', 'num_envs', 'namespace', 'params_file', 'use_sim_time',
-                            'checkpoint_dir'},
-    'train.launch.py': {'namespace', 'params_file', 'use_sim_time', 'checkpoint_dir'},
-    'deploy.launch.py': {'checkpoint', 'namespace', 'params_file', 'activate'},
-    'fleet_train.launch.py': {'num_robots', 'env_id', 'num_envs', 'seed', 'namespace',
-                              'params_file', 'checkpoint_dir'},
+    'sim_train.launch.py': {*COMMON_ARGUMENTS, 'env_id', 'num_envs', 'checkpoint_dir'},
+    'train.launch.py': {*COMMON_ARGUMENTS, 'checkpoint_dir'},
+    'deploy.launch.py': {*COMMON_ARGUMENTS, 'checkpoint', 'activate'},
+    'fleet_train.launch.py': {*COMMON_ARGUMENTS, 'num_robots', 'env_id', 'num_envs', 'seed',
+                              'checkpoint_dir'},
     'mujoco_robot.launch.py': {'robot', 'num_robots', 'real_time_factor', 'params_file',
                                'use_sim_time', 'log_level'},
 }
@@ -134,3 +140,94 @@ def test_launch_description_loads_with_ros2_launch(name):
     arguments = {argument.name: argument for argument in description.get_launch_arguments()}
     assert set(arguments) == EXPECTED_ARGUMENTS[name]
     assert all(argument.description for argument in arguments.values())
+
+
+EXECUTABLES = ('trainer_node', 'policy_node', 'gym_env_node')
+
+
+@pytest.fixture
+def ros2_launch(tmp_path, ros_domain_env):
+    """``ros2 launch <file> args...`` as a Popen, on an ament prefix made for the test:
+    the package's marker, its share folder and console scripts that run this tree."""
+    ros2 = Path(sys.executable).parent / 'ros2'
+    if not ros2.is_file() or importlib.util.find_spec('launch_ros') is None:
+        pytest.skip('the ros2 CLI and launch_ros are not installed (not on PyPI): run '
+                    '`make setup ROS2_WHEELHOUSE=../shared/wheels/ros2-launch`')
+    prefix = tmp_path / 'prefix'
+    marker = prefix / 'share' / 'ament_index' / 'resource_index' / 'packages' / 'unilab_ros'
+    marker.parent.mkdir(parents=True)
+    marker.touch()
+    (prefix / 'share' / 'unilab_ros').mkdir()
+    (prefix / 'share' / 'unilab_ros' / 'config').symlink_to(PACKAGE_ROOT / 'config')
+    scripts = prefix / 'lib' / 'unilab_ros'
+    scripts.mkdir(parents=True)
+    for executable in EXECUTABLES:
+        script = scripts / executable
+        script.write_text(f'#!/bin/sh\nexec {sys.executable} -m unilab_ros.{executable} "$@"\n')
+        script.chmod(0o755)
+    env = dict(ros_domain_env, AMENT_PREFIX_PATH=os.pathsep.join([str(prefix), sys.prefix]),
+               PYTHONPATH=os.pathsep.join(filter(None, [str(PACKAGE_ROOT),
+                                                        ros_domain_env.get('PYTHONPATH')])),
+               PYTHONUNBUFFERED='1')
+
+    def start(name: str, *arguments: str) -> subprocess.Popen:
+        # A session of its own: Ctrl-C reaches the whole process group, as in a terminal.
+        return subprocess.Popen([str(ros2), 'launch', str(LAUNCH_DIR / name), *arguments],
+                                env=env, cwd=tmp_path, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+    started: list[subprocess.Popen] = []
+    yield lambda *args: started.append(start(*args)) or started[-1]
+    for launch in started:
+        if launch.poll() is None:
+            os.killpg(launch.pid, signal.SIGKILL)
+        launch.communicate()
+
+
+def _output(launch: subprocess.Popen, timeout: float = 90.0) -> str:
+    try:
+        output, _ = launch.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(launch.pid, signal.SIGKILL)
+        output, _ = launch.communicate()
+        raise AssertionError(f'the launch did not end in {timeout} s:\n{output[-3000:]}') from None
+    return output
+
+
+def test_a_failing_trainer_fails_the_launch_and_log_level_reaches_it(ros2_launch, tmp_path):
+    params = tmp_path / 'trainer.yaml'
+    params.write_text((PACKAGE_ROOT / 'config' / 'trainer.yaml').read_text().replace(
+        'resume_from: ""', f'resume_from: "{tmp_path / "missing.safetensors"}"'))
+    launch = ros2_launch('train.launch.py', f'params_file:={params}', 'log_level:=debug',
+                         f'checkpoint_dir:={tmp_path / "run"}')
+    output = _output(launch)
+    assert launch.returncode != 0, output[-3000:]
+    assert 'unilab_trainer failed (exit code 2)' in output, output[-3000:]
+    assert '[DEBUG]' in output, 'log_level:=debug did not reach the trainer'
+
+
+def test_deploy_stopped_with_ctrl_c_exits_0(ros2_launch, tmp_path):
+    import mlx.core as mx  # noqa: F401 - after conftest's BLAS choice
+
+    from unilab_ros.rl.actions import ActionConfig
+    from unilab_ros.rl.agent import AgentConfig, PPOAgent
+    from unilab_ros.rl.bundle import bundle_from_agent, save_bundle
+    from unilab_ros.rl.model import ModelConfig
+
+    agent = PPOAgent(AgentConfig(num_envs=1, obs_dim=3, action_dim=1),
+                     ModelConfig(actor_hidden_dims=[8], critic_hidden_dims=[8]))
+    bundle = save_bundle(tmp_path / 'policy', bundle_from_agent(
+        agent, ActionConfig(action_scale=[2.0], action_low=[-2.0], action_high=[2.0]), 'test'))
+    for attempt in range(3):  # the error came "sometimes": a race at shutdown
+        launch = ros2_launch('deploy.launch.py', f'checkpoint:={bundle}')
+        lines: list[str] = []
+        # The node logs a line a second (its status) at most: readline cannot stall long.
+        while not lines or 'active: commanding' not in lines[-1]:
+            line = launch.stdout.readline()
+            assert line, f'deploy ended before activating:\n{"".join(lines[-40:])}'
+            lines.append(line)
+        time.sleep(0.5 * attempt)  # a few moments into the run
+        os.killpg(launch.pid, signal.SIGINT)
+        output = ''.join(lines) + _output(launch, timeout=60.0)
+        assert 'Cannot shutdown a ROS adapter' not in output, output[-3000:]
+        assert launch.returncode == 0, f'attempt {attempt}: {output[-3000:]}'

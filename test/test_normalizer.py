@@ -67,3 +67,51 @@ def test_frozen_but_part_of_the_saved_parameters():
     saved = {name for name, _ in tree_flatten(model.parameters())}
     assert not any(name.startswith("normalizer") for name in trainable)
     assert {"normalizer.mean", "normalizer.var", "normalizer.count"} <= saved
+
+
+def _pendulum_like(rng: np.random.Generator, n: int) -> np.ndarray:
+    angle = rng.uniform(-np.pi, np.pi, n)
+    return np.stack([np.cos(angle), np.sin(angle), rng.normal(0.0, 2.5, n)], 1).astype(np.float32)
+
+
+def _run(spike: float | None) -> RunningNormalizer:
+    """50 rollouts of 16 envs x 192 steps; with ``spike``, 5 steps of rollout 10 read it."""
+    rng = np.random.default_rng(0)
+    normalizer = RunningNormalizer(3)
+    for rollout in range(50):
+        batch = _pendulum_like(rng, 192 * 16).reshape(192, 16, 3)
+        if spike is not None and rollout == 10:
+            batch[100:105] = spike
+        normalizer.update(mx.array(batch))
+    return normalizer
+
+
+def test_a_short_burst_of_outliers_does_not_poison_the_variance():
+    clean = np.array(_run(None).var)
+    for spike in (1e4, 1e6):
+        spiked = _run(spike)
+        ratio = np.array(spiked.var) / clean
+        assert np.all(ratio < 1.5), f"spike {spike:g}: variance x{ratio}"
+        assert np.all(np.abs(np.array(spiked.mean)) < 0.5)
+
+
+def test_without_outliers_the_statistics_are_those_of_a_plain_running_normalizer():
+    """Nothing is clipped: bit for bit what the merge gives with clipping never applied."""
+    rng = np.random.default_rng(3)
+    robust, plain = RunningNormalizer(3), RunningNormalizer(3, warmup=2**62)
+    for _ in range(20):
+        batch = mx.array(_pendulum_like(rng, 500))
+        robust.update(batch)
+        plain.update(batch)
+    for name in ("mean", "var", "count"):
+        np.testing.assert_array_equal(np.array(getattr(robust, name)),
+                                      np.array(getattr(plain, name)), err_msg=name)
+
+
+def test_a_real_change_of_range_is_followed():
+    rng = np.random.default_rng(4)
+    normalizer = RunningNormalizer(1)
+    normalizer.update(mx.array(rng.normal(0.0, 1.0, (2000, 1)).astype(np.float32)))
+    for _ in range(40):  # the sensor now reads in other units: 100 x the range
+        normalizer.update(mx.array(rng.normal(0.0, 100.0, (2000, 1)).astype(np.float32)))
+    assert float(normalizer.var[0].item()) > 0.5 * 100.0**2

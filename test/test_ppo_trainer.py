@@ -678,8 +678,8 @@ def test_bounds_loss_is_the_squared_excess_beyond_the_limits(mean, loss, out_of_
 def test_bounds_loss_pulls_a_mean_outside_the_limits_back_inside(coef):
     model = constant_mean_model([3.0, -2.0])
     # Full-batch steps: the pull is the same for every sample.
-    cfg = ppo_config(bounds_loss_coef=coef, learning_rate=0.02, num_mini_batches=1,
-                     num_learning_epochs=8)
+    cfg = ppo_config(bounds_loss_coef=coef, learning_rate=0.02, max_learning_rate=0.02,
+                     num_mini_batches=1, num_learning_epochs=8)
     trainer = make_trainer(model, cfg, action_bounds=BOUNDS)
     buffer = zero_advantage_buffer(model)
     obs = mx.array(buffer.observations.reshape(-1, OBS_DIM))
@@ -803,3 +803,30 @@ def test_removed_fields_are_refused(name):
     assert name not in {field.name for field in dataclasses.fields(PPOConfig)}
     with pytest.raises(TypeError):
         PPOConfig(**{name: 1})
+
+
+def test_a_compile_failure_is_logged_through_the_package_logger(monkeypatch, caplog, capsys):
+    def refuse(*_args, **_kwargs):
+        raise ValueError("no compiler here")
+
+    monkeypatch.setattr(mx, "compile", refuse)
+    model = make_model()
+    trainer = make_trainer(model, ppo_config(), enable_compile=True)
+    trainer.update(filled_buffer(model))
+    assert trainer.compile_error == "ValueError: no compiler here"
+    [record] = [r for r in caplog.records if "mx.compile failed" in r.getMessage()]
+    assert record.name == "unilab_ros.rl.ppo"
+    assert capsys.readouterr().out == ""
+
+
+@pytest.mark.parametrize("schedule", ["fixed", "adaptive"])
+@pytest.mark.parametrize("rate", [1e9, 1e-9, float("nan"), float("inf"), -3e-4])
+def test_a_learning_rate_outside_its_bounds_is_refused_at_start_and_when_set(schedule, rate):
+    cfg = PPOConfig(schedule=schedule)
+    with pytest.raises(ValueError, match=r"outside min_learning_rate \.\. max_learning_rate "
+                                         r"\(1e-05 \.\. 0\.01\)"):
+        cfg.check_learning_rate(rate)
+    with pytest.raises(ValueError, match="outside min_learning_rate"):
+        PPOConfig(schedule=schedule, learning_rate=rate).validate()
+    for inside in (1e-5, 3e-4, 1e-2):
+        cfg.check_learning_rate(inside)

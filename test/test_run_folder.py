@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from unilab_ros.run_folder import namespace_folder, new_run_folder
+from unilab_ros.run_folder import namespace_folder, new_run_folder, point_latest
 
 
 @pytest.mark.parametrize(
@@ -35,3 +35,12 @@ def test_a_clash_is_an_error_not_a_shared_folder(tmp_path):
     new_run_folder(tmp_path, "/", pid=7, now=0.0)
     with pytest.raises(FileExistsError):
         new_run_folder(tmp_path, "/", pid=7, now=0.0)
+
+
+def test_latest_moves_only_when_the_run_points_it(tmp_path):
+    kept = new_run_folder(tmp_path, "/", pid=1, now=0.0)
+    aborted = new_run_folder(tmp_path, "/", pid=2, now=0.0, link_latest=False)
+    latest = tmp_path / "default" / "latest"
+    assert os.readlink(latest) == kept.name  # the aborted start hides nothing
+    point_latest(aborted)
+    assert os.readlink(latest) == aborted.name

@@ -130,12 +130,51 @@ def test_sigterm_stops_sim_train_and_both_nodes_and_keeps_the_training(
         assert not [pid for pid in children if Path(f"/proc/{pid}").exists()], "orphans"
         assert Checkpoint(output / "latest.safetensors").iteration >= 2
     finally:
-        for pid in [process.pid, *children]:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        _kill(process, children)
+
+
+def test_the_nodes_of_a_killed_sim_train_stop(ros_domain_env, tmp_path):
+    """SIGKILL leaves sim_train no chance to stop its nodes: they must stop themselves."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "unilab_ros.sim_train", "--iterations", "1000", "--output",
+         str(tmp_path / "run"), "--domain-id", ros_domain_env["ROS_DOMAIN_ID"]],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ros_domain_env, cwd=tmp_path,
+    )
+    children: list[int] = []
+    try:
+        deadline = time.monotonic() + 60.0
+        while time.monotonic() < deadline and len(children) < 2:
+            time.sleep(0.2)
+            children = _children(process.pid)
+        assert len(children) == 2, "sim_train did not start its nodes"
+        time.sleep(3.0)  # into their start-up, past the imports
+        process.kill()
         process.wait()
+        deadline = time.monotonic() + 15.0
+        while time.monotonic() < deadline and [pid for pid in children if _running(pid)]:
+            time.sleep(0.2)
+        assert not [pid for pid in children if _running(pid)], "the nodes outlived sim_train"
+    finally:
+        _kill(process, children)
+
+
+def _kill(process: subprocess.Popen[bytes], children: list[int]) -> None:
+    """SIGKILL whatever a test left running of sim_train and its nodes."""
+    for pid in [process.pid, *children]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    process.wait()
+
+
+def _running(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie waiting to be reaped."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
 
 
 def _rows(csv_path: Path) -> int:

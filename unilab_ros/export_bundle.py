@@ -1,6 +1,6 @@
 """export_bundle: a policy bundle (and optionally ONNX) from a checkpoint or another bundle.
 
-    export_bundle runs/pendulum/best.safetensors pendulum_policy.safetensors
+    export_bundle runs/pendulum/latest/best.safetensors pendulum_policy.safetensors
     export_bundle best.safetensors policy.safetensors --onnx policy.onnx \\
         --obs-labels cos sin omega --action-labels torque
     python -m unilab_ros.export_bundle old.safetensors policy.safetensors \\

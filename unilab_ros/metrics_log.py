@@ -1,39 +1,146 @@
-"""Per-iteration metrics to a CSV file and, when available, TensorBoard (ROS-free)."""
+"""Per-iteration metrics to a CSV file and, when available, TensorBoard (ROS-free).
+
+Nothing here may hold up acting: ``write`` only hands a row to two writer threads (one
+for the CSV file, one for TensorBoard) through bounded queues, so a slow, full or dead
+disk costs rows, counted, never a blocked executor. A disk full stops tensorboardX's own
+writer thread for good and its queue then blocks every ``add_scalar``: that blocks our
+TensorBoard thread only, and the CSV rows go on.
+"""
 
 from __future__ import annotations
 
 import csv
+import errno
+import io
 import logging
 import math
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 _LOG = logging.getLogger(__name__)
+
+QUEUE_ROWS = 64
+"""Rows each writer thread may have pending; more are dropped (and counted)."""
+CLOSE_TIMEOUT = 5.0
+"""Seconds ``close`` waits for both writer threads to write what is pending."""
+TENSORBOARD_QUEUE = 1000
+"""tensorboardX's own event queue: room for a few rows of scalars, so a writer whose
+thread died is noticed at the next row, before its full queue would block a put (or its
+close)."""
+TENSORBOARD_RETRY = 30.0
+"""Seconds between new event files while TensorBoard writes keep failing."""
+CSV_WAIT = 0.05
+"""Seconds ``write`` waits for its CSV row while the CSV thread keeps up, so a row is on
+disk when ``write`` returns (as readers of metrics.csv expect); once a wait times out,
+``write`` waits no more until the thread has caught up."""
+
+_STOP = object()
+
+
+class _WriterThread:
+    """A daemon thread calling ``handle`` on each submitted item, in order."""
+
+    def __init__(
+        self, name: str, handle: Callable[[Any], None], capacity: int,
+        finish: Callable[[], None] | None = None,
+    ) -> None:
+        self._handle = handle
+        self._finish = finish
+        self._queue: queue.Queue[Any] = queue.Queue(capacity)
+        self._idle = threading.Condition()
+        self._pending = 0
+        # Daemon: a thread stuck in a dead disk's write must not keep the process alive.
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, item: Any) -> bool:
+        """Queue ``item``; False (dropped) when the queue is full."""
+        with self._idle:
+            try:
+                self._queue.put_nowait(item)
+            except queue.Full:
+                return False
+            self._pending += 1
+        return True
+
+    def wait_idle(self, timeout: float) -> bool:
+        """True once every submitted item was handled, False after ``timeout`` seconds."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._pending == 0, timeout)
+
+    def stop(self, deadline: float) -> bool:
+        """Let the pending items be handled, then end the thread; False when that did not
+        happen before ``deadline`` (``time.monotonic()``): the thread is left behind."""
+        try:
+            self._queue.put(_STOP, timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Full:
+            return False
+        self._thread.join(max(0.0, deadline - time.monotonic()))
+        return not self._thread.is_alive()
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not _STOP:
+            self._handle(item)
+            with self._idle:
+                self._pending -= 1
+                self._idle.notify_all()
+        if self._finish is not None:
+            self._finish()
 
 
 class MetricsLog:
     """Appends one CSV row per iteration; the columns are fixed by the first row.
 
     A folder or disk that refuses writes (read-only, full) does not stop training: the
-    failure is logged once and counted in ``failures``, and later rows are tried again.
+    failure is logged once and counted in ``failures``, and later rows are tried again. A
+    row is appended whole or not at all, so a full disk never leaves half a row. A run
+    folder removed while training is made again, the CSV with its header and TensorBoard
+    with a new event file (counted too: the earlier rows are gone).
     """
 
     def __init__(self, folder: str | Path, tensorboard: bool = True) -> None:
         self.folder = Path(folder)
         self.csv_path = self.folder / "metrics.csv"
-        self.failures = 0
-        self._logged_failure = False
+        self.tensorboard_folder = self.folder / "tensorboard"
+        self._lock = threading.Lock()
+        self._failures = 0
+        self.dropped = 0
+        """Rows (CSV or TensorBoard) dropped because their writer thread was behind."""
+        self._logged: set[str] = set()
         self._columns: list[str] | None = None
+        self._csv_behind = False
         self._writer: Any = None
+        self._tensorboard_retry_at = -math.inf
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
             if self.csv_path.exists() and self.csv_path.stat().st_size > 0:
                 with open(self.csv_path, newline="") as handle:
                     self._columns = next(csv.reader(handle), None)
         except OSError as error:
-            self._failed(error)
+            self._failed("csv", f"cannot write {self.csv_path}: {error}")
+        self._csv_thread: _WriterThread | None = _WriterThread(
+            "metrics-csv", self._write_row, QUEUE_ROWS
+        )
+        self._tensorboard_thread: _WriterThread | None = None
         if tensorboard:
             self._writer = self._tensorboard_writer()
+            if self._writer is not None:
+                # The writer's close flushes, and may block: it runs on that thread too.
+                self._tensorboard_thread = _WriterThread(
+                    "metrics-tensorboard", self._write_scalars, QUEUE_ROWS,
+                    finish=self._close_writer,
+                )
+
+    @property
+    def failures(self) -> int:
+        """Rows lost: failed or dropped writes and removed run folders."""
+        with self._lock:
+            return self._failures
 
     def _tensorboard_writer(self) -> Any:
         try:
@@ -42,51 +149,151 @@ class MetricsLog:
             _LOG.warning("tensorboardX is not installed: TensorBoard logging is off")
             return None
         try:
-            return SummaryWriter(str(self.folder / "tensorboard"))
+            return SummaryWriter(str(self.tensorboard_folder), max_queue=TENSORBOARD_QUEUE)
         except OSError as error:
             _LOG.error("TensorBoard logging is off: %s", error)
             return None
 
-    def _failed(self, error: Exception) -> None:
-        self.failures += 1
-        if not self._logged_failure:
-            self._logged_failure = True
-            _LOG.error("cannot write %s (training goes on; logged once): %s", self.csv_path, error)
+    def _failed(self, kind: str, message: str) -> None:
+        """Count a lost row; log the first of each ``kind`` only."""
+        with self._lock:
+            self._failures += 1
+            first = kind not in self._logged
+            self._logged.add(kind)
+        if first:
+            _LOG.error("%s (training goes on; logged once)", message)
 
     def write(self, iteration: int, values: dict[str, float]) -> None:
+        """Queue one row; returns within CSV_WAIT seconds, whatever the disk does."""
         row = {"iteration": iteration, **values}
-        new_file = self._columns is None
+        csv_thread = self._csv_thread
+        if csv_thread is not None and self._csv_behind:
+            self._csv_behind = not csv_thread.wait_idle(0.0)
+        for name, thread in (("CSV", csv_thread), ("TensorBoard", self._tensorboard_thread)):
+            if thread is not None and not thread.submit(row):
+                with self._lock:
+                    self.dropped += 1
+                self._failed(f"dropped {name}", f"{name} metrics writes are behind (a slow "
+                             f"or dead disk?): the row of iteration {iteration} is dropped")
+        if csv_thread is not None and not self._csv_behind:
+            self._csv_behind = not csv_thread.wait_idle(CSV_WAIT)
+
+    def _write_row(self, row: dict[str, Any]) -> None:
         columns = self._columns or list(row)
         try:
-            with open(self.csv_path, "a", newline="") as handle:
-                writer = csv.DictWriter(handle, fieldnames=columns, extrasaction="ignore")
-                if new_file:
-                    writer.writeheader()
-                writer.writerow(row)
+            self.folder.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.csv_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        except OSError as error:
+            self._failed("csv", f"cannot write {self.csv_path}: {error}")
+            return
+        try:
+            size = os.fstat(fd).st_size
+            if size == 0 and self._columns is not None:
+                self._failed("csv recreated", f"{self.csv_path} was removed: written "
+                             "again from its header")
+            text = io.StringIO()
+            writer = csv.DictWriter(text, fieldnames=columns, extrasaction="ignore")
+            if size == 0:
+                writer.writeheader()
+            writer.writerow(row)
+            data = text.getvalue().encode()
+            try:
+                # One write call; a short one (the disk filled) is undone, so the file
+                # only ever holds whole rows.
+                if os.write(fd, data) != len(data):
+                    raise OSError(errno.ENOSPC, "short write", str(self.csv_path))
+            except OSError:
+                os.ftruncate(fd, size)
+                raise
             self._columns = columns
         except OSError as error:
-            self._failed(error)
-        if self._writer is not None:
-            try:
-                for key, value in values.items():
-                    if isinstance(value, int | float) and math.isfinite(value):
-                        self._writer.add_scalar(key, value, iteration)
-                self._writer.flush()
-            except OSError as error:
-                self._failed(error)
+            self._failed("csv", f"cannot write {self.csv_path}: {error}")
+        finally:
+            os.close(fd)
 
-    def close(self) -> None:
-        if self._writer is not None:
+    def _write_scalars(self, row: dict[str, Any]) -> None:
+        if not self.tensorboard_folder.is_dir() or not _event_thread_alive(self._writer):
+            # A removed folder would swallow the scalars (the event file is unlinked); a
+            # dead writer thread (disk full) would block: start a new event file, at most
+            # every TENSORBOARD_RETRY seconds (each one costs a file while the disk is full).
+            self._failed("tensorboard lost", f"TensorBoard writer of "
+                         f"{self.tensorboard_folder} lost: starting a new event file")
+            now = time.monotonic()
+            if now < self._tensorboard_retry_at:
+                return
+            self._tensorboard_retry_at = now + TENSORBOARD_RETRY
+            self._close_writer()
             try:
-                self._writer.close()
+                self.tensorboard_folder.mkdir(parents=True, exist_ok=True)
             except OSError as error:
-                self._failed(error)
-            self._writer = None
+                self._failed("tensorboard", f"cannot write TensorBoard scalars: {error}")
+                return
+            self._writer = self._tensorboard_writer()
+            if self._writer is None:
+                return
+        iteration = row["iteration"]
+        try:
+            for key, value in row.items():
+                if key != "iteration" and isinstance(value, int | float) and math.isfinite(value):
+                    self._writer.add_scalar(key, value, iteration)
+            self._writer.flush()
+        except OSError as error:
+            self._failed("tensorboard", f"cannot write TensorBoard scalars: {error}")
+
+    def close(self, timeout: float = CLOSE_TIMEOUT) -> None:
+        """Write what is pending, within ``timeout`` seconds in all; a writer thread
+        stuck on a dead disk is left behind (it is a daemon) and counted."""
+        deadline = time.monotonic() + timeout
+        if self._csv_thread is not None and not self._csv_thread.stop(deadline):
+            self._failed("close csv", f"metrics.csv writes did not finish in {timeout} s")
+        self._csv_thread = None
+        thread, self._tensorboard_thread = self._tensorboard_thread, None
+        if thread is not None and not thread.stop(deadline):
+            self._failed("close tensorboard", f"TensorBoard writes did not finish in "
+                         f"{timeout} s (a full disk?)")
+
+    def _close_writer(self) -> None:
+        if self._writer is None:
+            return
+        try:
+            self._writer.close()
+        except OSError as error:
+            self._failed("tensorboard", f"cannot write TensorBoard scalars: {error}")
+        self._writer = None
+
+
+def _event_thread_alive(writer: Any) -> bool:
+    """False once tensorboardX's writer thread has died (it does on a write error); its
+    attributes are private, so a version without them counts as alive."""
+    file_writer = getattr(writer, "file_writer", None)
+    event_writer = getattr(file_writer, "event_writer", None)
+    thread = getattr(event_writer, "_worker", None)
+    return writer is not None and (thread is None or thread.is_alive())
 
 
 def read_metrics(csv_path: str | Path) -> dict[str, list[float]]:
-    """Columns of a metrics CSV as float lists (for plots and tests)."""
+    """Columns of a metrics CSV as float lists (for plots and tests).
+
+    A row that is not whole (a disk that filled mid-write under an older version, a
+    process killed mid-row) is skipped; an empty field reads as NaN.
+    """
     with open(csv_path, newline="") as handle:
-        rows = list(csv.DictReader(handle))
-    columns = rows[0].keys() if rows else []
-    return {key: [float(row[key]) for row in rows] for key in columns}
+        text = handle.read()
+    lines = text.splitlines(keepends=True)
+    if lines and not lines[-1].endswith(("\n", "\r")):
+        lines.pop()
+    reader = csv.reader(lines)
+    header = next(reader, [])
+    columns: dict[str, list[float]] = {key: [] for key in header}
+    rows = 0
+    for fields in reader:
+        if len(fields) != len(header):
+            continue
+        try:
+            values = [float(field) if field else math.nan for field in fields]
+        except ValueError:
+            continue
+        for key, value in zip(header, values, strict=True):
+            columns[key].append(value)
+        rows += 1
+    return columns if rows else {}

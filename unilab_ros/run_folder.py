@@ -2,8 +2,13 @@
 
 Two trainers started from one directory must never write the same files (two
 metrics.csv headers interleaved, one run's ``latest.safetensors`` overwritten by the
-other's), so each run gets ``<root>/<namespace or default>/<YYYYmmdd-HHMMSS>-<pid>/``,
-and ``<root>/<namespace or default>/latest`` links to the newest one.
+other's), so each run gets ``<root>/<group>/<YYYYmmdd-HHMMSS>-<pid>/``, and
+``<root>/<group>/latest`` links to the newest one. The group is the trainer's namespace
+(``default`` for none), or the task for ``sim_train``.
+
+A run that stops before writing anything (a bad parameter, a missing file) must not
+hide the previous run behind ``latest``: create the folder with ``link_latest=False``
+and call ``point_latest`` once it holds a checkpoint or a metrics row.
 """
 
 from __future__ import annotations
@@ -23,8 +28,9 @@ def namespace_folder(namespace: str) -> str:
 
 
 def new_run_folder(root: Path, namespace: str, pid: int | None = None,
-                   now: float | None = None) -> Path:
-    """Create this run's folder under ``root`` and point ``latest`` at it.
+                   now: float | None = None, link_latest: bool = True) -> Path:
+    """Create this run's folder under ``root`` (in the group ``namespace_folder(namespace)``)
+    and, with ``link_latest``, point ``latest`` at it.
 
     The process id makes the name unique among runs started in the same second; the
     folder is created with ``exist_ok=False`` so a clash is an error, never shared files.
@@ -36,8 +42,14 @@ def new_run_folder(root: Path, namespace: str, pid: int | None = None,
     parent.mkdir(parents=True, exist_ok=True)
     folder = parent / f"{stamp}-{pid}"
     folder.mkdir()
-    _link_atomically(parent / LATEST_LINK, folder.name)
+    if link_latest:
+        point_latest(folder)
     return folder
+
+
+def point_latest(folder: Path) -> None:
+    """Point the ``latest`` link beside ``folder`` (a folder ``new_run_folder`` made) at it."""
+    _link_atomically(folder.parent / LATEST_LINK, folder.name)
 
 
 def _link_atomically(link: Path, target: str) -> None:

@@ -1,9 +1,13 @@
 """sim_train: the main job without ``ros2 launch`` — gym bridge and trainer as two processes.
 
     sim_train                       # Pendulum-v1, config/pendulum.yaml
-    sim_train --iterations 60 --output runs/pendulum
-    sim_train --params-file config/inverted_pendulum.yaml --output runs/inverted_pendulum
+    sim_train --iterations 60
+    sim_train --params-file config/inverted_pendulum.yaml
     sim_train --seed 2 --output runs/pendulum_seed2
+
+Each run writes to a folder of its own, ``runs/<params file stem, or --env-id>/
+<YYYYmmdd-HHMMSS>-<pid>/`` (``--output`` names one instead), and ``runs/<...>/latest``
+links to the newest run once it has written a metrics row or a checkpoint.
 
 Starts ``gym_env_node`` and ``trainer_node`` on an isolated ROS 2 graph (localhost
 discovery, a domain id of its own), relays the trainer's progress lines, stops the
@@ -19,17 +23,23 @@ another seed without editing the file (bench/learning.py runs seeds this way).
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from unilab_ros.metrics_log import read_metrics
 from unilab_ros.paths import config_file
 from unilab_ros.plot import plot_learning_curve
 from unilab_ros.rl.checkpoint import Checkpoint
+from unilab_ros.run_folder import new_run_folder, point_latest
+
+RUNS_ROOT = Path("runs")
+"""Where runs go without ``--output`` (relative to the working directory)."""
 
 
 def isolated_ros_env(domain_id: int | None = None) -> dict[str, str]:
@@ -48,6 +58,28 @@ def node_command(module: str, params_file: Path, overrides: dict[str, str]) -> l
     return command
 
 
+PR_SET_PDEATHSIG = 1
+"""prctl option (linux/prctl.h): the signal a process gets when its parent dies."""
+
+
+def die_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that has the child sent SIGTERM (the nodes save and exit on it)
+    when this process dies, even by SIGKILL, so no node is left training an orphaned run.
+    Linux only: None elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return None
+    # Loaded here, in the parent: a child between fork and exec must not load libraries.
+    libc = ctypes.CDLL(None, use_errno=True)
+    parent = os.getpid()
+
+    def preexec() -> None:
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # the parent died before prctl: no signal would come
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return preexec
+
+
 def stop(process: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
     """SIGINT (the trainer saves on it), then SIGKILL if it does not exit."""
     if process.poll() is not None:
@@ -60,22 +92,53 @@ def stop(process: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
         process.wait()
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--params-file", type=Path, default=None)
-    parser.add_argument("--env-id", default=None, help="overrides the params file's env_id")
-    parser.add_argument("--iterations", type=int, default=None, help="max_iterations")
-    parser.add_argument("--output", type=Path, default=Path("runs/pendulum"))
-    parser.add_argument("--timeout", type=float, default=900.0, help="seconds before giving up")
-    parser.add_argument("--domain-id", type=int, default=None)
+    parser.add_argument("--params-file", type=Path, default=None,
+                        help="ROS 2 params file of both nodes (default: the package's "
+                             "config/pendulum.yaml)")
+    parser.add_argument("--env-id", default=None,
+                        help="overrides the params file's env_id (Gymnasium id)")
+    parser.add_argument("--iterations", type=int, default=None,
+                        help="overrides max_iterations: updates before the run ends")
+    parser.add_argument("--output", type=Path, default=None,
+                        help="the run folder (checkpoints, metrics.csv, learning curve); "
+                             "default: a new one, runs/<params file stem, or env id>/"
+                             "<YYYYmmdd-HHMMSS>-<pid>/, with a latest link beside it")
+    parser.add_argument("--timeout", type=float, default=900.0,
+                        help="seconds before giving up (default: %(default)s)")
+    parser.add_argument("--domain-id", type=int, default=None,
+                        help="ROS_DOMAIN_ID of the nodes' isolated graph (default: 1 + "
+                             "pid %% 100)")
     parser.add_argument("--seed", type=int, default=None,
                         help="overrides the seed of both nodes (bridge and trainer)")
-    args = parser.parse_args(argv)
+    return parser
 
-    params_file = args.params_file or config_file("pendulum.yaml")
-    output = args.output.resolve()
+
+def output_folder(output: Path | None, task: str) -> tuple[Path, bool]:
+    """The run folder, and whether ``latest`` is to point at it once it is written:
+    ``output`` as given (emptied of an earlier run's metrics), or else a new folder
+    under ``RUNS_ROOT/<task>/``."""
+    if output is None:
+        return new_run_folder(RUNS_ROOT, task, link_latest=False), True
+    output = output.resolve()
     output.mkdir(parents=True, exist_ok=True)
     (output / "metrics.csv").unlink(missing_ok=True)
+    return output, False
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    params_file = args.params_file or config_file("pendulum.yaml")
+    # Checked here, each in one line: nodes started on a missing file fail one by one,
+    # in a race with each other and with this process's stop.
+    if not params_file.is_file():
+        return _error(f"params file {params_file} does not exist")
+    try:
+        output, link = output_folder(args.output, args.env_id or params_file.stem)
+    except OSError as error:
+        return _error(f"cannot create the run folder: {error}")
+    print(f"sim_train: output {output}", flush=True)
     env = isolated_ros_env(args.domain_id)
     trainer_overrides = {"checkpoint_dir": str(output)}
     if args.iterations is not None:
@@ -85,10 +148,12 @@ def main(argv: list[str] | None = None) -> int:
         trainer_overrides["seed"] = str(args.seed)
         bridge_overrides["seed"] = str(args.seed)
     bridge = subprocess.Popen(
-        node_command("unilab_ros.gym_env_node", params_file, bridge_overrides), env=env
+        node_command("unilab_ros.gym_env_node", params_file, bridge_overrides), env=env,
+        preexec_fn=die_with_parent(),
     )
     trainer = subprocess.Popen(
-        node_command("unilab_ros.trainer", params_file, trainer_overrides), env=env
+        node_command("unilab_ros.trainer", params_file, trainer_overrides), env=env,
+        preexec_fn=die_with_parent(),
     )
     start = time.monotonic()
     # SIGTERM (systemd, docker stop, a launch system) stops the run as Ctrl-C does: the
@@ -99,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
             if time.monotonic() - start > args.timeout:
                 print(f"sim_train: no result after {args.timeout:.0f}s, stopping", flush=True)
                 break
+            link = link and not _point_latest_once_written(output)
             time.sleep(0.2)
     except KeyboardInterrupt:
         pass
@@ -106,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
         stop(trainer, timeout=60.0)
         stop(bridge)
         signal.signal(signal.SIGTERM, previous_handler)
+        if link:
+            _point_latest_once_written(output)
     elapsed = time.monotonic() - start
     if trainer.returncode != 0:
         print(f"sim_train: trainer exited with code {trainer.returncode}", flush=True)
@@ -132,6 +200,19 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     return 0
+
+
+def _error(message: str) -> int:
+    print(f"sim_train: error: {message}", file=sys.stderr, flush=True)
+    return 2
+
+
+def _point_latest_once_written(output: Path) -> bool:
+    """Point ``latest`` at ``output`` if the run wrote a metrics row or a checkpoint."""
+    if (output / "metrics.csv").is_file() or any(output.glob("*.safetensors")):
+        point_latest(output)
+        return True
+    return False
 
 
 def best_policy(path: Path) -> tuple[int, float] | None:

@@ -23,7 +23,12 @@ from mlx.utils import tree_flatten, tree_unflatten
 from unilab_ros.rl.actions import ActionConfig
 from unilab_ros.rl.agent import PPOAgent
 from unilab_ros.rl.checkpoint import FORMAT as CHECKPOINT_FORMAT
-from unilab_ros.rl.checkpoint import SUFFIX, Checkpoint, all_finite, package_versions
+from unilab_ros.rl.checkpoint import (
+    SUFFIX,
+    Checkpoint,
+    check_stored_arrays,
+    package_versions,
+)
 from unilab_ros.rl.files import write_atomically
 from unilab_ros.rl.model import MLPActorCritic, ModelConfig
 
@@ -85,8 +90,10 @@ class PolicyBundle:
                 f"{sorted(expected.keys() - found.keys())}, unexpected "
                 f"{sorted(found.keys() - expected.keys())}, or other shapes"
             )
-        if not all_finite(self.arrays):
-            raise BundleError("the actor holds non-finite (NaN or Inf) values")
+        try:
+            check_stored_arrays(self.arrays)
+        except ValueError as error:
+            raise BundleError(str(error)) from None
         model.update(tree_unflatten(list(self.arrays.items())), strict=False)
         mx.eval(model.parameters())
         return model
@@ -232,5 +239,10 @@ def read_policy(path: str | os.PathLike[str]) -> PolicyBundle:
     if header.get("format") == BUNDLE_FORMAT:
         return _parse(path, arrays, header)
     if header.get("format") == CHECKPOINT_FORMAT:
-        return bundle_from_checkpoint(Checkpoint(path))
+        bundle = bundle_from_checkpoint(Checkpoint(path))
+        try:
+            bundle.model()  # refused here, as a bundle is, not when it first acts
+        except BundleError as error:
+            raise BundleError(f"{path}: {error}") from None
+        return bundle
     raise BundleError(f"{path} is neither a {BUNDLE_FORMAT} bundle nor a checkpoint")

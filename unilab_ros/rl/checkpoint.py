@@ -147,6 +147,9 @@ class Checkpoint:
             """The action mapping the policy was trained with (None in older files)."""
             self.iteration = int(meta["iteration"])
             self.env_steps = int(meta["env_steps"])
+            if self.iteration < 0 or self.env_steps < 0:
+                raise ValueError(f"iteration {self.iteration} and env_steps "
+                                 f"{self.env_steps} must be >= 0")
             self.versions: dict[str, str] = json.loads(meta.get("versions", "{}"))
             self.extra: dict[str, Any] = json.loads(meta.get("extra", "{}"))
         except (KeyError, TypeError, ValueError) as error:
@@ -180,8 +183,10 @@ class Checkpoint:
                 f"{self.path} holds a model of another shape than the configured one "
                 f"(obs_dim/action_dim/hidden dims/std type differ)"
             )
-        if not all_finite(params):
-            raise CheckpointError(f"{self.path} holds non-finite (NaN or Inf) model values")
+        try:
+            check_stored_arrays(found, prefix="model/")
+        except ValueError as error:
+            raise CheckpointError(f"{self.path}: {error}") from None
         model.update(params)
         mx.eval(model.parameters())
 
@@ -195,8 +200,21 @@ def restore_agent(agent: PPOAgent, checkpoint: Checkpoint) -> None:
     optimizer_state = checkpoint.group("optimizer")
     if not tree_flatten(optimizer_state):
         raise CheckpointError(f"{checkpoint.path} holds no optimizer state")
+    schedule_state = checkpoint.group("schedule")
+    try:
+        _check_like("optimizer/", optimizer_state, trainer.optimizer.state)
+        _check_optimizer_values(dict(tree_flatten(optimizer_state)))
+        _check_like("schedule/", schedule_state, trainer.schedule_state)
+        _check_schedule_values(schedule_state)
+        for name, key in (("noise_key", agent.sampler.key), ("shuffle_key", trainer.shuffle_key)):
+            stored = checkpoint.arrays.get(f"rng/{name}")
+            if stored is None or stored.shape != key.shape or stored.dtype != key.dtype:
+                raise ValueError(f"rng/{name} is missing or not a {key.dtype} {key.shape} key")
+    except ValueError as error:
+        raise CheckpointError(f"{checkpoint.path}: {error}") from None
+    # Only a state that passed every check replaces the agent's.
     trainer.optimizer.state.update(optimizer_state)
-    trainer.schedule_state.update(checkpoint.group("schedule"))
+    trainer.schedule_state.update(schedule_state)
     agent.sampler.key = checkpoint.arrays["rng/noise_key"]
     trainer.shuffle_key = checkpoint.arrays["rng/shuffle_key"]
     agent.iteration = checkpoint.iteration
@@ -226,3 +244,50 @@ def arrays_equal(a: Any, b: Any) -> bool:
 def all_finite(tree: Any) -> bool:
     """True when every array of ``tree`` holds only finite values."""
     return all(bool(mx.all(mx.isfinite(value)).item()) for _, value in tree_flatten(tree))
+
+
+def _minimum(value: mx.array) -> float:
+    return float(mx.min(value.astype(mx.float32)).item())
+
+
+def check_stored_arrays(flat: dict[str, mx.array], prefix: str = "") -> None:
+    """Raise ValueError naming the first stored array no training produces: a non-finite
+    value anywhere, a negative normalizer variance (every action would be NaN) or count.
+    ``flat`` maps ``tree_flatten`` names to arrays; ``prefix`` is how the file names them.
+    (A variance of exactly 0 is an observation that never changed: it is kept.)"""
+    for name, value in flat.items():
+        if not bool(mx.all(mx.isfinite(value)).item()):
+            raise ValueError(f"{prefix}{name} holds non-finite (NaN or Inf) values")
+    for name in ("normalizer.var", "normalizer.count"):
+        if name in flat and (lowest := _minimum(flat[name])) < 0.0:
+            raise ValueError(f"{prefix}{name} holds {lowest:g}: it must be >= 0")
+
+
+def _check_like(prefix: str, stored: Any, expected: Any) -> None:
+    """The stored tree has the names and shapes of the agent's own."""
+    found = {name: value.shape for name, value in tree_flatten(stored)}
+    wanted = {name: value.shape for name, value in tree_flatten(expected)}
+    if found != wanted:
+        missing = sorted(wanted.keys() - found.keys())
+        unexpected = sorted(found.keys() - wanted.keys())
+        other = sorted(k for k in found.keys() & wanted.keys() if found[k] != wanted[k])
+        raise ValueError(f"{prefix} does not fit this agent: missing {missing}, unexpected "
+                         f"{unexpected}, other shapes {other}")
+
+
+def _check_optimizer_values(flat: dict[str, mx.array]) -> None:
+    """Adam's moments finite (second ones >= 0), its step >= 0, its rate finite and > 0:
+    a NaN in any of them rolls every later update back in silence."""
+    check_stored_arrays(flat, prefix="optimizer/")
+    if (rate := float(flat["learning_rate"].item())) <= 0.0:
+        raise ValueError(f"optimizer/learning_rate is {rate:g}: it must be > 0")
+    for name, value in flat.items():
+        if (name == "step" or name.endswith(".v")) and (lowest := _minimum(value)) < 0.0:
+            raise ValueError(f"optimizer/{name} holds {lowest:g}: it must be >= 0")
+
+
+def _check_schedule_values(state: dict[str, mx.array]) -> None:
+    check_stored_arrays(state, prefix="schedule/")
+    for name in ("adv_std_mean", "rollouts_seen"):
+        if (value := float(state[name].item())) < 0.0:
+            raise ValueError(f"schedule/{name} is {value:g}: it must be >= 0")

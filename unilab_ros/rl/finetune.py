@@ -135,7 +135,7 @@ def start_from(agent: PPOAgent, policy: PolicyBundle, fine_tune: FineTuneConfig)
             model.std = mx.full((policy.action_dim,), std)
         elif std:
             model.log_std = mx.full((policy.action_dim,), math.log(std))
-    prior = fine_tune.normalizer_prior_count or float(policy.source.get("env_steps", 0))
+    prior = fine_tune.normalizer_prior_count or _source_env_steps(policy)
     agent.model.normalizer.count = mx.array(prior, mx.float32)
     mx.eval(agent.model.parameters())
     agent.freeze_normalizer = fine_tune.freeze_normalizer
@@ -144,3 +144,15 @@ def start_from(agent: PPOAgent, policy: PolicyBundle, fine_tune: FineTuneConfig)
         # The anchor is the policy as fine-tuning starts (its std override included), so
         # a raised std for exploration is not pulled straight back.
         agent.trainer.set_anchor(anchor)
+
+
+def _source_env_steps(policy: PolicyBundle) -> float:
+    """The env steps the policy was trained on (its normalizer's weight), from its source."""
+    stored = policy.source.get("env_steps", 0)
+    try:
+        steps = float(stored)
+    except (TypeError, ValueError):
+        steps = math.nan
+    if not math.isfinite(steps) or steps < 0.0:
+        raise ValueError(f"the policy's source.env_steps is {stored!r}: it must be a count >= 0")
+    return steps

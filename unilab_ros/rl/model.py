@@ -36,7 +36,9 @@ class ModelConfig:
     normalize_observations: bool = True
     """Normalize observations with running statistics stored in the model."""
     observation_clip: float = 10.0
-    """Normalized observations are clipped to +-this value."""
+    """Normalized observations are clipped to +-this value; so are, once the normalizer
+    has seen 1,000 samples, those that update its statistics (a sensor glitch then
+    barely moves them)."""
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad field."""

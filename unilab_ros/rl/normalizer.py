@@ -5,21 +5,38 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 
+WARMUP_SAMPLES = 1000
+"""Samples merged as they come before outliers are clipped: the statistics need that many
+to say what an outlier is (one Pendulum rollout is 3,072; a robot's of 24 steps, 42)."""
+
 
 class RunningNormalizer(nn.Module):
     """Normalizes inputs with statistics merged batch by batch (Chan et al.).
+
+    Once ``warmup`` samples are in, each new sample enters the statistics clipped to what
+    the policy sees of it, ``mean +- clip * sqrt(var + epsilon)`` of the statistics before
+    its batch: a sensor glitch of a few steps (1e4, 1e6) then moves the variance by a
+    little, where it used to set it to the glitch's square for the rest of the run. A
+    sample inside the bounds enters unchanged, so without outliers the statistics, and
+    training, are bit for bit those of a plain running normalizer. A real change of range
+    is still followed: each batch widens the bounds (by up to ``clip`` standard
+    deviations of its samples).
 
     Its arrays are frozen parameters: saved and restored with the model, never
     touched by the optimizer.
     """
 
-    def __init__(self, size: int, epsilon: float = 1e-8, clip: float = 10.0) -> None:
+    def __init__(
+        self, size: int, epsilon: float = 1e-8, clip: float = 10.0,
+        warmup: int = WARMUP_SAMPLES,
+    ) -> None:
         super().__init__()
         self.mean = mx.zeros((size,))
         self.var = mx.ones((size,))
         self.count = mx.zeros(())
         self._epsilon = epsilon
         self._clip = clip
+        self._warmup = warmup
         self.freeze()
 
     @property
@@ -42,6 +59,9 @@ class RunningNormalizer(nn.Module):
         n = batch.shape[0]
         if n == 0:
             return
+        if float(self.count.item()) >= self._warmup:
+            reach = self._clip * mx.sqrt(self.var + self._epsilon)
+            batch = mx.clip(batch, self.mean - reach, self.mean + reach)
         batch_mean = mx.mean(batch, axis=0)
         batch_var = mx.var(batch, axis=0)
         total = self.count + n

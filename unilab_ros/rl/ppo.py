@@ -78,9 +78,11 @@ class PPOConfig:
     desired_kl: float = 0.01
     """Adaptive schedule: target KL per mini-batch."""
     min_learning_rate: float = 1e-5
-    """Adaptive schedule: lower bound."""
+    """Lowest learning rate: the adaptive schedule's floor, and the least a rate given at
+    start or set while running may be."""
     max_learning_rate: float = 1e-2
-    """Adaptive schedule: upper bound."""
+    """Highest learning rate: the adaptive schedule's ceiling, and the most a rate given
+    at start or set while running may be."""
     adaptive_lr_decay: float = 1.5
     """Adaptive schedule: divide the rate by this when KL > 2 desired (rsl_rl: 1.5)."""
     adaptive_lr_growth: float = 1.5
@@ -110,10 +112,11 @@ class PPOConfig:
             raise ValueError(f"schedule must be one of {SCHEDULES}, not '{self.schedule}'")
         if not 0.0 <= self.gamma <= 1.0 or not 0.0 <= self.lam <= 1.0:
             raise ValueError("gamma and lam must be in [0, 1]")
-        if self.learning_rate <= 0.0 or self.clip_param <= 0.0:
-            raise ValueError("learning_rate and clip_param must be positive")
+        if self.clip_param <= 0.0:
+            raise ValueError("clip_param must be positive")
         if not 0.0 < self.min_learning_rate <= self.max_learning_rate:
             raise ValueError("need 0 < min_learning_rate <= max_learning_rate")
+        self.check_learning_rate(self.learning_rate)
         if self.schedule == "adaptive" and self.desired_kl <= 0.0:
             raise ValueError("desired_kl must be positive under the adaptive schedule")
         if self.log_ratio_clip <= 0.0:
@@ -126,6 +129,16 @@ class PPOConfig:
             raise ValueError("anchor_coef must be >= 0")
         if self.adaptive_lr_decay <= 1.0 or self.adaptive_lr_growth < 1.0:
             raise ValueError("need adaptive_lr_decay > 1 and adaptive_lr_growth >= 1")
+
+    def check_learning_rate(self, rate: float) -> None:
+        """Raise ValueError unless ``rate`` lies in min_learning_rate .. max_learning_rate
+        (a rate set while running is checked so too: one Adam step at 1e9 wrecks the
+        weights for good)."""
+        if not self.min_learning_rate <= rate <= self.max_learning_rate:
+            raise ValueError(
+                f"learning_rate {rate:g} lies outside min_learning_rate .. max_learning_rate "
+                f"({self.min_learning_rate:g} .. {self.max_learning_rate:g})"
+            )
 
 
 class PPOTrainer:
@@ -203,8 +216,11 @@ class PPOTrainer:
         if not self.runtime.enable_compile:
             return self._train_step
         state = self._state()
+        # The anchor's arrays are read, never written: inputs only. Left out, its arrays
+        # loaded from a file are inputs mx.compile has not captured, and it refuses.
+        inputs = state if self._anchor is None else [*state, self._anchor.state]
         try:
-            return mx.compile(self._train_step, inputs=state, outputs=state)
+            return mx.compile(self._train_step, inputs=inputs, outputs=state)
         except Exception as error:  # noqa: BLE001 - any compile failure falls back to eager
             self._compile_failed(error)
             return self._train_step
