@@ -142,7 +142,10 @@ def test_launch_description_loads_with_ros2_launch(name):
     assert all(argument.description for argument in arguments.values())
 
 
-EXECUTABLES = ('trainer_node', 'policy_node', 'gym_env_node')
+EXECUTABLES = dict(
+    (name, (module, function)) for name, module, function in re.findall(
+        r"'(\w+) = (unilab_ros[\w.]*):(\w+)'", (PACKAGE_ROOT / 'setup.py').read_text()))
+"""Each console script of setup.py: its module and function."""
 
 
 @pytest.fixture
@@ -161,9 +164,10 @@ def ros2_launch(tmp_path, ros_domain_env):
     (prefix / 'share' / 'unilab_ros' / 'config').symlink_to(PACKAGE_ROOT / 'config')
     scripts = prefix / 'lib' / 'unilab_ros'
     scripts.mkdir(parents=True)
-    for executable in EXECUTABLES:
+    for executable, (module, function) in EXECUTABLES.items():
         script = scripts / executable
-        script.write_text(f'#!/bin/sh\nexec {sys.executable} -m unilab_ros.{executable} "$@"\n')
+        script.write_text(f'#!/bin/sh\nexec {sys.executable} -c "import sys; from {module} '
+                          f'import {function}; sys.exit({function}())" "$@"\n')
         script.chmod(0o755)
     env = dict(ros_domain_env, AMENT_PREFIX_PATH=os.pathsep.join([str(prefix), sys.prefix]),
                PYTHONPATH=os.pathsep.join(filter(None, [str(PACKAGE_ROOT),

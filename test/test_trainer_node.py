@@ -717,7 +717,7 @@ def test_the_learning_rate_changes_while_running_and_bad_values_are_refused(make
     # Beyond the schedule's bounds: one Adam step at 1e9 wrecks the weights for good.
     for bad in (-1.0, 0.0, 1e9, float("nan")):
         (result,) = set_remote(env, **{"ppo.learning_rate": bad})
-        assert not result.successful and "ppo.min_learning_rate .. ppo.max_learning_rate" in (
+        assert not result.successful and "outside min_learning_rate .. max_learning_rate" in (
             result.reason)
     assert env.trainer.agent.trainer.learning_rate == pytest.approx(1e-4)
     assert get_remote(env, "ppo.learning_rate") == pytest.approx(1e-4)
@@ -938,7 +938,8 @@ def test_main_says_what_it_waits_for_and_writes_to_a_run_folder_of_its_own(
     runs = tmp_path / "runs" / "robot7"
     folders = [path for path in runs.iterdir() if path.name != "latest"]
     assert len(folders) == 1 and folders[0].name.endswith(f"-{process.pid}")
-    assert (runs / "latest").resolve() == folders[0].resolve()
+    # It wrote nothing: latest does not move to an empty folder (here there was none).
+    assert not (runs / "latest").exists()
     assert f"output: {folders[0]}" in "".join(lines)
     # The start-up line says what decides the update's speed.
     assert f"heap: {heap.status}; output:" in "".join(lines)

@@ -19,18 +19,20 @@ from unilab_ros.rl.best import BestPolicy
 from unilab_ros.rl.bundle import bundle_from_agent, save_bundle
 from unilab_ros.rl.checkpoint import remove_stale_temporaries, save_checkpoint
 from unilab_ros.rl.episodes import EpisodeStats
-from unilab_ros.run_folder import new_run_folder
+from unilab_ros.run_folder import new_run_folder, point_latest
 
 Log = Callable[[str, str], None]
 """``log(level, text)``, level ``info`` or ``error``."""
 
 
-def output_folder(checkpoint_dir: str, runs_root: str, namespace: str) -> Path:
-    """``checkpoint_dir``, or else a new folder for this run (see ``run_folder``); raises
-    OSError when it cannot be made."""
+def output_folder(checkpoint_dir: str, runs_root: str, namespace: str) -> tuple[Path, bool]:
+    """``checkpoint_dir``, or else a new folder for this run (see ``run_folder``), and
+    whether it is such a run folder; raises OSError when it cannot be made."""
     if checkpoint_dir:
-        return Path(checkpoint_dir)
-    return new_run_folder(Path(runs_root), namespace)
+        return Path(checkpoint_dir), False
+    # ``latest`` moves to it once it holds something: a start that fails must not hide
+    # the previous run's checkpoints behind an empty folder.
+    return new_run_folder(Path(runs_root), namespace, link_latest=False), True
 
 
 class RunArtifacts:
@@ -38,9 +40,12 @@ class RunArtifacts:
 
     def __init__(
         self, folder: Path, agent: PPOAgent, actions: ActionConfig, counters: Counters,
-        tensorboard: bool, log: Log,
+        tensorboard: bool, log: Log, run_folder: bool = False,
     ) -> None:
+        """``run_folder``: ``folder`` is a new run's (``output_folder``), which ``latest``
+        points to once the run wrote a metrics row or a checkpoint there."""
         self.folder = folder
+        self._unlinked = run_folder
         self._agent = agent
         self._actions = actions
         self._counters = counters
@@ -63,6 +68,7 @@ class RunArtifacts:
         if not self._write(path, extra, f"checkpoint ({reason})"):
             return None
         self._write(self.folder / "latest.safetensors", extra, "latest")
+        self._link_latest()
         self._log("info", f"checkpoint saved ({reason}): {path}")
         return path
 
@@ -79,6 +85,22 @@ class RunArtifacts:
             f"{best.min_episodes} episodes at iteration {best.iteration}: {path}",
         )
         return path
+
+    def write_metrics(self, iteration: int, values: dict[str, float]) -> None:
+        """One iteration's row of ``metrics.csv`` (and TensorBoard scalars)."""
+        self.metrics.write(iteration, values)
+        self._link_latest()
+
+    def _link_latest(self) -> None:
+        if not self._unlinked:
+            return
+        try:
+            point_latest(self.folder)
+            self._unlinked = False
+        except OSError as error:
+            self._log("error", f"cannot point {self.folder.parent / 'latest'} at {self.folder}: "
+                               f"{error}")
+            self._unlinked = False
 
     def export_bundle(self, source: str) -> Path:
         """The current policy as ``bundle_<iteration>.safetensors``; raises BundleError,

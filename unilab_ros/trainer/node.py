@@ -126,14 +126,14 @@ class TrainerNode(Node):
         self._warned_at: dict[str, float] = {}
         self.report = reports.IterationReport(self.loop)
         try:
-            folder = output_folder(self.cfg.checkpoint_dir, self.cfg.runs_root,
-                                   self.get_namespace())
+            folder, run_folder = output_folder(self.cfg.checkpoint_dir, self.cfg.runs_root,
+                                               self.get_namespace())
         except OSError as error:
             raise ConfigError(f"cannot create a run folder under {self.cfg.runs_root}: "
                               f"{error}") from None
         self.artifacts = RunArtifacts(
             folder, self.agent, session_cfg.actions, self.loop.counters, self.cfg.tensorboard,
-            self._log_line,
+            self._log_line, run_folder,
         )
         self._connect_all(arrival_ordered, output_cfg, session_cfg.loop.step_timeout)
         self.get_logger().info(
@@ -426,7 +426,7 @@ class TrainerNode(Node):
 
     def _report_iteration(self, metrics: dict[str, float]) -> None:
         values = self.report.values(metrics)
-        self.artifacts.metrics.write(self.agent.iteration, values)
+        self.artifacts.write_metrics(self.agent.iteration, values)
         problems = self.loop.step_counters["steps_dropped"] + self.counters[
             "rejected_observations"]
         failing = bool(self.counters["save_failures"] or self.artifacts.metrics.failures)

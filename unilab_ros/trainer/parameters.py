@@ -5,8 +5,6 @@ validates every change, post-set applies the accepted ones."""
 
 from __future__ import annotations
 
-import math
-
 from rcl_interfaces.msg import SetParametersResult
 from rclpy.exceptions import ParameterNotDeclaredException
 from rclpy.node import Node
@@ -112,21 +110,13 @@ class LiveParameters:
                 successful=False,
                 reason=f"{', '.join(live)}: run-time control is off (control_services: false)",
             )
-        ppo = self._loop.agent.ppo_cfg
         for param in params:
             if param.name != "ppo.learning_rate":
                 continue
-            rate = float(param.value)
-            # One step at a huge rate wrecks the weights for good: keep to the schedule's
-            # own bounds.
-            if not (math.isfinite(rate)
-                    and ppo.min_learning_rate <= rate <= ppo.max_learning_rate):
-                return SetParametersResult(
-                    successful=False,
-                    reason=f"ppo.learning_rate must be within ppo.min_learning_rate .. "
-                    f"ppo.max_learning_rate ({ppo.min_learning_rate:g} .. "
-                    f"{ppo.max_learning_rate:g}), got {rate:g}",
-                )
+            try:
+                self._loop.agent.ppo_cfg.check_learning_rate(float(param.value))
+            except ValueError as error:
+                return SetParametersResult(successful=False, reason=f"ppo.{error}")
         return SetParametersResult(successful=True)
 
     def apply(self, params: list[Parameter]) -> None:
