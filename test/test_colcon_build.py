@@ -18,7 +18,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = 'unilab_ros'
 EXECUTABLES = ('trainer_node', 'policy_node', 'gym_env_node', 'sim_train', 'pendulum_demo',
-               'export_bundle')
+               'export_bundle', 'mujoco_robot_node')
 BUILD_TIMEOUT_S = 60
 
 

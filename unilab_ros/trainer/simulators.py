@@ -1,0 +1,83 @@
+"""The simulators of a trainer's robots: paused and resumed around each update, one after
+the other, and resumed once at start (a trainer killed during an update left them
+paused: they would wait out their max_pause before stepping again)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from rclpy.clock import Clock, ClockType
+from rclpy.node import Node
+
+from unilab_ros.loop.decisions import Decision
+from unilab_ros.loop.training_loop import Phase, TrainingLoop
+from unilab_ros.sim_pause import SimPause
+
+START_RESUME_WINDOW = 10.0
+"""Seconds after start during which the trainer resumes each simulator it can, as soon as
+its resume service is discovered."""
+
+
+class Simulators:
+    """The robots' ``SimPause`` clients; an unanswered pause goes to the loop, whose
+    decisions go to ``carry_out``."""
+
+    def __init__(
+        self, node: Node, sims: list[SimPause], loop: TrainingLoop,
+        carry_out: Callable[[list[Decision]], None],
+    ) -> None:
+        self.sims = sims
+        self._node = node
+        self._loop = loop
+        self._carry_out = carry_out
+        self.paused: list[int] = []
+        """The robots whose simulators were paused for the update in progress."""
+        self._unresumed = [r for r, sim in enumerate(sims) if sim.can_resume]
+        self._resume_deadline = time.monotonic() + START_RESUME_WINDOW
+        self._start_timer = node.create_timer(
+            0.1, self._resume_at_start, clock=Clock(clock_type=ClockType.STEADY_TIME),
+            autostart=bool(self._unresumed))
+
+    @property
+    def calls_failed(self) -> int:
+        return sum(sim.calls_failed for sim in self.sims)
+
+    def pause(self, then: Callable[[], None]) -> None:
+        """Pause the simulators the loop says, then ``then``; ``resume`` resumes them."""
+        self.paused = self._loop.simulators_to_pause()
+        self._call(self.paused, "pause", then)
+
+    def resume(self, then: Callable[[], None]) -> None:
+        self._call(self.paused, "resume", then)
+
+    def _call(self, robots: list[int], call: str, then: Callable[[], None]) -> None:
+        """Pause (resume) the simulators of ``robots``, one after the other, then ``then``.
+        A pause that goes unanswered goes to the loop (a fleet stalls that robot; it is
+        still resumed, in case the pause arrived late)."""
+        if not robots:
+            then()
+            return
+        r, sim = robots[0], self.sims[robots[0]]
+
+        def next_robot() -> None:
+            if call == "pause" and sim.unanswered:
+                self._carry_out(self._loop.pause_unanswered(r))
+            self._call(robots[1:], call, then)
+
+        getattr(sim, call)(then=next_robot)
+
+    def _resume_at_start(self) -> None:
+        """Resume each simulator once its service is discovered (within
+        ``START_RESUME_WINDOW``), unless an update already paused it."""
+        if not self._node.context.ok():
+            return
+        updating = self._loop.phase is Phase.UPDATING
+        for r in list(self._unresumed):
+            sim = self.sims[r]
+            if updating or sim.resume_ready:
+                self._unresumed.remove(r)
+            if not updating and sim.resume_ready:
+                sim.resume(then=lambda: None)
+        if not self._unresumed or time.monotonic() > self._resume_deadline:
+            self._start_timer.cancel()
