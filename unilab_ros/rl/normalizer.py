@@ -61,7 +61,11 @@ class RunningNormalizer(nn.Module):
             return
         if float(self.count.item()) >= self._warmup:
             reach = self._clip * mx.sqrt(self.var + self._epsilon)
-            batch = mx.clip(batch, self.mean - reach, self.mean + reach)
+            low, high = self.mean - reach, self.mean + reach
+            # Clipped only when needed: a clipped copy of an untouched batch holds the same
+            # values, but in another buffer MLX's sums may round differently.
+            if bool(mx.any((batch < low) | (batch > high)).item()):
+                batch = mx.clip(batch, low, high)
         batch_mean = mx.mean(batch, axis=0)
         batch_var = mx.var(batch, axis=0)
         total = self.count + n
