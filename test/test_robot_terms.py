@@ -17,7 +17,13 @@ from unilab_ros.robot.extract import MissingJoint, joint_values, projected_gravi
 from unilab_ros.robot.observation import ObservationBuilder
 from unilab_ros.robot.observation_terms import OBSERVATIONS
 from unilab_ros.robot.reward_terms import REWARDS
-from unilab_ros.robot.samples import ImuSample, JointStateSample, OdometrySample, PoseSample
+from unilab_ros.robot.samples import (
+    ArraySample,
+    ImuSample,
+    JointStateSample,
+    OdometrySample,
+    PoseSample,
+)
 from unilab_ros.robot.spec import load_spec, spec_from_dict
 from unilab_ros.robot.task import Task
 from unilab_ros.robot.termination_terms import TERMINATIONS
@@ -101,6 +107,8 @@ def test_base_terms_read_the_imu_and_odometry():
                                                           "relative_to": "tip"})
     np.testing.assert_allclose(target, [0.0, 0.03, 0.04])
     assert sample_field(ctx.samples["odom"], "orientation_xyzw.w") == 1.0
+    with pytest.raises(ValueError, match="ArraySample.data has 2 values; 'data.5' reads index 5"):
+        sample_field(ArraySample(np.zeros(2)), "data.5")
 
 
 def reward(kind: str, source: str = "", ctx: TermContext | None = None, **params) -> float:

@@ -54,7 +54,11 @@ def sample_field(sample: Sample, name: str) -> float:
     if values is None or not part:
         raise ValueError(f"{type(sample).__name__} has no field {name!r}")
     index = _AXES[part] if part in _AXES else int(part)
-    return float(np.asarray(values).reshape(-1)[index])
+    flat = np.asarray(values).reshape(-1)
+    if index >= flat.size:
+        raise ValueError(f"{type(sample).__name__}.{attribute} has {flat.size} values; "
+                         f"{name!r} reads index {index}")
+    return float(flat[index])
 
 
 def check_field(sample_type: type, name: str) -> str:
