@@ -14,6 +14,7 @@ import yaml
 from unilab_ros.loop.stepper import SegmentStart, Transition
 from unilab_ros.robot.actions import JointCommands
 from unilab_ros.robot.extract import MissingJoint
+from unilab_ros.robot.observation import ObservationBuilder
 from unilab_ros.robot.samples import (
     ImuSample,
     JointStateSample,
@@ -105,7 +106,7 @@ def test_a_failure_is_done_1_and_the_next_episode_waits_for_a_reset_and_fresh_da
     steps = cartpole_steps()
     step(steps, 0.0)
     fell = step(steps, 0.02, hinge=0.5)
-    assert fell.done.tolist() == [1]
+    assert fell.done.tolist() == [1] and steps.fired == ["joint_pos_out_of_bounds"]
     assert fell.reward.tolist() == pytest.approx([-1.0])  # termination -50 x dt
     assert steps.needs_reset and steps.counters["failures"] == 1
     assert step(steps, 0.04) is None
@@ -185,6 +186,19 @@ def test_a_target_read_from_its_topic_enters_the_observation():
     event = steps.tick(1.0)
     # shoulder, elbow; velocities; (target - fingertip) x 10; last action.
     np.testing.assert_allclose(event.obs, [[-0.2, 0.3, 0, 0, -1.0, 0.5, 0.0, 0, 0]], atol=1e-6)
+    # The deploy node builds the same vector from the same spec and samples.
+    deployed = ObservationBuilder(steps.spec).build(steps.newest, np.zeros(2))
+    np.testing.assert_array_equal(deployed, event.obs[0])
+    steps.action_sent(event.obs, np.array([[1.0, 0.0]]), 0, 1.0)
+    steps.on_sample("joints", JointStateSample(names, np.array([0.3, -0.2]), np.zeros(2),
+                                               np.zeros(2), 1.02), 1.02)
+    for source in ("fingertip", "target"):
+        steps.on_sample(source, PoseSample(np.array([0.1, 0.05, 0.01]),
+                                           np.array([0, 0, 0, 1.0]), 1.02), 1.02)
+    step = steps.tick(1.02)
+    # site_distance 0 (x -5), action_l2 1.0 x -0.05, each x dt.
+    assert steps.reward_shares == pytest.approx([0.0, -0.05 * 0.02])
+    assert step.reward[0] == pytest.approx(-0.001) and steps.fired == []
 
 
 def robot_samples(world, spec) -> dict:

@@ -244,3 +244,25 @@ def test_effort_actions_scale_and_clip_and_are_safe_at_zero():
     np.testing.assert_allclose(commands(np.array([0.5])), [5.0])
     np.testing.assert_allclose(commands(np.array([-3.0])), [-20.0])
     np.testing.assert_allclose(commands.safe, [0.0])
+
+
+def test_array_fields_and_commands_enter_the_observation_with_metadata():
+    spec = spec_from_dict(cartpole(
+        sources=[{"name": "joints", "topic": "joint_states", "type": "joint_state",
+                  "max_age": 0.1},
+                 {"name": "extra", "topic": "extra", "type": "float_array", "max_age": 0.1}],
+        commands=[{"name": "speed", "ranges": [[0.0, 1.0], [2.0, 2.0]]},
+                  {"name": "level", "source": "extra", "fields": ["data.0"]}],
+        observation=[{"kind": "array_field", "source": "extra", "indices": [2, 0]},
+                     {"kind": "command", "command": "speed", "history": 2},
+                     {"kind": "command", "command": "level"}]))
+    builder = ObservationBuilder(spec)
+    samples = {"extra": ArraySample(np.array([7.0, 8.0, 9.0]))}
+    obs = builder.build(samples, np.zeros(1), {"speed": np.array([0.5, 2.0])})
+    # The "level" command is read from its source by the builder itself.
+    np.testing.assert_allclose(obs, [9.0, 7.0, 0.5, 2.0, 0.5, 2.0, 7.0])
+    metadata = json.loads(json.dumps(builder.metadata()))
+    assert metadata["dim"] == 7 and metadata["history_order"] == "oldest_first"
+    assert metadata["pipeline"] == "compute, clip, scale, history"
+    assert [(s["term"], s["start"], s["stop"]) for s in metadata["slices"]] == \
+        [("array_field", 0, 2), ("command", 2, 6), ("command", 6, 7)]

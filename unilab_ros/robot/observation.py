@@ -15,10 +15,16 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from unilab_ros.robot.commands import read_commands
 from unilab_ros.robot.observation_terms import OBSERVATIONS
 from unilab_ros.robot.samples import Sample
 from unilab_ros.robot.spec import RobotSpec
 from unilab_ros.robot.terms import Sizes, TermContext
+
+PIPELINE = "compute, clip, scale, history"
+"""Each term's steps, in order."""
+HISTORY_ORDER = "oldest_first"
+"""A term's slice holds its steps oldest first, each step's values together."""
 
 
 @dataclass(frozen=True)
@@ -73,8 +79,10 @@ class ObservationBuilder:
     def build(self, samples: Mapping[str, Sample], last_action: np.ndarray,
               commands: Mapping[str, np.ndarray] | None = None) -> np.ndarray:
         """The observation (float32, ``dim``) from the newest sample of every source, the
-        latest action sent (policy units) and the commands' values."""
-        ctx = TermContext(samples=samples, previous={}, commands=commands or {},
+        latest action sent (policy units) and the sampled commands' values (the commands
+        read from a source are read here)."""
+        commands = {**(commands or {}), **read_commands(self.spec, samples)}
+        ctx = TermContext(samples=samples, previous={}, commands=commands,
                           default_pose=self.spec.default_pose, action=last_action,
                           previous_action=last_action, dt=self.spec.dt)
         return self.build_from(ctx)
@@ -98,6 +106,12 @@ class ObservationBuilder:
                 history.append(value)
             parts.extend(history)
         return np.concatenate(parts).astype(np.float32)
+
+    def metadata(self) -> dict:
+        """The layout with its conventions, JSON-ready (the bundle's and ONNX metadata): a
+        runtime in another language can build the same vector from it."""
+        return {"dim": self.dim, "pipeline": PIPELINE, "history_order": HISTORY_ORDER,
+                "slices": [s.to_dict() for s in self.layout()]}
 
     def layout(self) -> list[ObservationSlice]:
         """Each term's slice, in order."""

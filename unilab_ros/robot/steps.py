@@ -24,7 +24,6 @@ the new one). Arrays have one row (one env); stamps are the tick time in ns.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,7 +31,8 @@ import numpy as np
 from unilab_ros.loop.counters import Counters
 from unilab_ros.loop.stepper import SegmentStart, Transition
 from unilab_ros.rl.done_codes import DoneCode
-from unilab_ros.robot.extract import joint_indices, sample_field
+from unilab_ros.robot.commands import draw_commands, read_commands
+from unilab_ros.robot.extract import joint_indices
 from unilab_ros.robot.observation import ObservationBuilder
 from unilab_ros.robot.samples import SAMPLE_TYPES, JointStateSample, Sample
 from unilab_ros.robot.spec import RobotSpec
@@ -70,6 +70,10 @@ class RobotSteps:
         """Steps completed in the episode."""
         self.commands: dict[str, np.ndarray] = {}
         """The episode's sampled commands and targets."""
+        self.reward_shares: list[float] = []
+        """The latest step's reward per term (weight x value x dt), in spec order."""
+        self.fired: list[str] = []
+        """The kinds of the terminations that ended the latest step (empty: it ran on)."""
         self._joints = _joints_by_source(spec)
         self._checked_names: dict[str, tuple[str, ...]] = {}
         self._newest: dict[str, tuple[Sample, float]] = {}
@@ -89,8 +93,7 @@ class RobotSteps:
         self._pending = None
         n = len(self.spec.actions.joints)
         self._action, self._previous_action = np.zeros(n), np.zeros(n)
-        self.commands = {c.name: self.rng.uniform(*np.array(c.ranges).T)
-                         for c in self.spec.commands if not c.source}
+        self.commands = draw_commands(self.spec, self.rng)
 
     def on_sample(self, source: str, sample: Sample, now: float) -> None:
         """Keep the newest sample of ``source``; an unknown source, a sample of the wrong
@@ -107,6 +110,11 @@ class RobotSteps:
             joint_indices(sample.names, self._joints.get(source, ()))
             self._checked_names[source] = sample.names
         self._newest[source] = (sample, now if sample.stamp is None else sample.stamp)
+
+    @property
+    def newest(self) -> dict[str, Sample]:
+        """The newest sample of every source heard from."""
+        return {name: sample for name, (sample, _) in self._newest.items()}
 
     def ages(self, now: float) -> dict[str, float]:
         """Seconds since each source's newest sample (inf: none yet), for ``~/status``."""
@@ -128,13 +136,13 @@ class RobotSteps:
         if self.stale:
             self._on_stale()
             return None
-        samples = {name: sample for name, (sample, _) in self._newest.items()}
+        samples = self.newest
         stamp = round(now * 1e9)
         pending = self._pending
         if pending is not None:
             self.episode_step += 1
         ctx = TermContext(samples=samples, previous=self._previous,
-                          commands={**self.commands, **self._read_commands(samples)},
+                          commands={**self.commands, **read_commands(self.spec, samples)},
                           default_pose=self.spec.default_pose, action=self._action,
                           previous_action=self._previous_action, dt=self.spec.dt,
                           episode_step=self.episode_step)
@@ -143,17 +151,13 @@ class RobotSteps:
         if pending is None:
             return SegmentStart(obs, stamp)
         self._pending = None
-        code, _fired = self.task.done(ctx)
-        reward, _shares = self.task.reward(ctx, code)
+        code, self.fired = self.task.done(ctx)
+        reward, self.reward_shares = self.task.reward(ctx, code)
         self.counters.add("steps_completed")
         if code != DoneCode.RUNNING:
             self._end_episode("failures" if code == DoneCode.TERMINATED else "time_outs")
         return Transition(pending.obs, pending.action, np.array([reward], np.float32),
                           np.array([code], np.uint8), obs, stamp)
-
-    def _read_commands(self, samples: Mapping[str, Sample]) -> dict[str, np.ndarray]:
-        return {c.name: np.array([sample_field(samples[c.source], f) for f in c.fields])
-                for c in self.spec.commands if c.source}
 
     def _on_stale(self) -> None:
         self.counters.add("stale_ticks")
