@@ -179,3 +179,15 @@ def test_the_shipped_spec_fits_its_mujoco_robot(name):
         low, high = world.model.jnt_range[ids].T
         pose = np.array([spec.default_pose[j] for j in spec.actions.joints])
         assert np.all((low <= pose) & (pose <= high))
+
+
+def test_the_specs_readme_names_every_kind():
+    from unilab_ros.robot.observation_terms import OBSERVATIONS
+    from unilab_ros.robot.reward_terms import REWARDS
+    from unilab_ros.robot.termination_terms import TERMINATIONS
+    text = (SPECS / "README.md").read_text()
+    kinds = [*OBSERVATIONS, *TERMINATIONS,
+             *(k for k in REWARDS if not k.endswith(("_l2", "_l1"))),
+             *{k.rsplit("_", 1)[0] for k in REWARDS if k.endswith(("_l2", "_l1"))}]
+    missing = [kind for kind in kinds if f"`{kind}`" not in text]
+    assert not missing, missing

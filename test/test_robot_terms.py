@@ -93,6 +93,12 @@ def test_joints_are_matched_by_name_whatever_the_wire_order():
         joint_values(sample, ["slider", "elbow"], "position")
 
 
+def test_joint_states_without_the_values_asked_for_are_errors():
+    sample = JointStateSample(("slider", "hinge"), np.zeros(2), np.zeros(2), np.array([]))
+    with pytest.raises(ValueError, match="joint_states has 2 names but 0 effort values"):
+        joint_values(sample, ["slider"], "effort")
+
+
 def test_base_terms_read_the_imu_and_odometry():
     ctx = context()
     obs = {kind: OBSERVATIONS[kind].fn(ctx, source, {}) for kind, source in
@@ -176,6 +182,16 @@ def cartpole(**changes) -> dict:
     data = yaml.safe_load((SPECS / "cartpole.yaml").read_text())
     data.update(changes)
     return data
+
+
+def test_a_termination_may_be_declared_a_time_out():
+    data = cartpole()
+    data["terminations"][1]["time_out"] = True
+    task = Task(spec_from_dict(data))
+    fallen = joints(names=("slider", "hinge"), position=(0.0, 0.5), velocity=(0.0, 0.0),
+                    effort=(0.0, 0.0))
+    assert task.done(context(samples={"joints": fallen})) == \
+        (DoneCode.TRUNCATED, ["joint_pos_out_of_bounds"])
 
 
 def test_a_failure_wins_over_a_time_out_and_rewards_are_weight_value_dt():

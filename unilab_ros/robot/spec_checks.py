@@ -7,6 +7,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
 from unilab_ros.robot.extract import check_field
 from unilab_ros.robot.samples import SAMPLE_TYPES
 from unilab_ros.robot.terms import POSE_TYPES, Sizes, TermKind
@@ -186,7 +188,8 @@ def posed(joints: Sequence[str], default_pose: Mapping[str, float], path: str) -
 
 
 def ordered(low: Sequence[float], high: Sequence[float], path: str) -> None:
-    if any(lo > hi for lo, hi in zip(low * len(high), high * len(low), strict=False)):
+    """Each low at most its high (either may be one value for every joint)."""
+    if np.any(np.asarray(low) > np.asarray(high)):
         raise SpecError(f"{path}.low: exceeds high ({list(low)} > {list(high)})")
 
 
