@@ -113,9 +113,10 @@ def test_a_failure_is_done_1_and_the_next_episode_waits_for_a_reset_and_fresh_da
     steps.start_episode(0.1)
     # Data from before the reset finished is not the new episode's.
     steps.on_sample("joints", joints(0.09), 0.1)
-    assert steps.tick(0.1) is None
+    assert steps.tick(0.1) is None and steps.waiting == ["joints"]
+    assert steps.counters["waiting_ticks"] == 1
     start = step(steps, 0.12)
-    assert isinstance(start, SegmentStart) and steps.episode_step == 0
+    assert isinstance(start, SegmentStart) and steps.episode_step == 0 and steps.waiting == []
 
 
 def test_the_episode_length_is_done_2():

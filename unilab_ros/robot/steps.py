@@ -4,6 +4,8 @@ The ROS side decodes each message into a sample and hands it to ``on_sample``; a
 the spec's control rate on the node clock (sim time under use_sim_time) calls ``tick``,
 which acts on the newest sample of every source:
 
+- a source not heard from since the episode started makes the tick return None and is
+  named in ``waiting`` (counted): the caller holds the safe action;
 - a source older than its ``max_age`` (header stamp, else arrival time) makes the tick
   return None and fills ``stale`` (source -> age, each counted): the caller sends the safe
   action. An outstanding step is cut (dropped, counted; ``expired`` reports it once, so the
@@ -60,10 +62,13 @@ class RobotSteps:
         self.observation = ObservationBuilder(spec)
         self.task = Task(spec)
         self.counters = Counters(
-            ["steps_completed", "steps_dropped", "stale_ticks", "stale_cuts", "episodes",
-             "failures", "time_outs"] + [f"stale_{s.name}" for s in spec.sources])
+            ["steps_completed", "steps_dropped", "stale_ticks", "stale_cuts", "waiting_ticks",
+             "episodes", "failures", "time_outs"] + [f"stale_{s.name}" for s in spec.sources])
         self.stale: dict[str, float] = {}
         """The sources the latest tick found too old, with their ages (s); empty if fresh."""
+        self.waiting: list[str] = []
+        """The sources the latest tick still waited for: none heard since the episode
+        started (after a reset, or ever)."""
         self.needs_reset = False
         """An episode ended: reset the robot, then ``start_episode``."""
         self.episode_step = 0
@@ -127,8 +132,11 @@ class RobotSteps:
             return None
         # A clock that went back (sim time restarted) leaves nothing newer than the reset.
         self._fresh_after = min(self._fresh_after, now)
-        if any(name not in self._newest or self._newest[name][1] < self._fresh_after
-               for name in (s.name for s in self.spec.sources)):
+        self.waiting = [s.name for s in self.spec.sources if s.name not in self._newest
+                        or self._newest[s.name][1] < self._fresh_after]
+        if self.waiting:
+            self.stale = {}
+            self.counters.add("waiting_ticks")
             return None
         ages = self.ages(now)
         self.stale = {s.name: ages[s.name] for s in self.spec.sources
