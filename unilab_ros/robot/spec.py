@@ -46,6 +46,7 @@ __all__ = ["ActionSpec", "CommandSpec", "ObservationTermSpec", "ResetSpec", "Rew
            "RobotSpec", "SourceSpec", "SpecError", "TerminationSpec", "load_spec",
            "spec_from_dict", "spec_to_dict"]
 
+
 def load_spec(path: str | Path) -> RobotSpec:
     """The spec in a YAML file, validated."""
     try:

@@ -151,6 +151,3 @@ class RobotSpec:
     def dt(self) -> float:
         """The control period, seconds."""
         return 1.0 / self.control_rate
-
-    def source(self, name: str) -> SourceSpec:
-        return next(s for s in self.sources if s.name == name)
