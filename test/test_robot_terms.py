@@ -13,7 +13,13 @@ import pytest
 
 from unilab_ros.rl.done_codes import DoneCode
 from unilab_ros.robot.actions import JointCommands
-from unilab_ros.robot.extract import MissingJoint, joint_values, projected_gravity, sample_field
+from unilab_ros.robot.extract import (
+    MissingJoint,
+    joint_values,
+    projected_gravity,
+    rotate_inverse,
+    sample_field,
+)
 from unilab_ros.robot.observation import ObservationBuilder
 from unilab_ros.robot.observation_terms import OBSERVATIONS
 from unilab_ros.robot.reward_terms import REWARDS
@@ -76,6 +82,18 @@ def test_projected_gravity_from_known_quaternions():
                                atol=1e-12)
     with pytest.raises(ValueError, match="no quaternion"):
         projected_gravity([0.0, 0.0, 0.0, 0.0])
+
+
+def test_rotations_of_any_quaternion_agree_with_mujoco():
+    mujoco = pytest.importorskip("mujoco")
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        xyzw, vector = rng.normal(size=4), rng.normal(size=3)
+        matrix = np.zeros(9)
+        # MuJoCo orders a quaternion (w, x, y, z).
+        mujoco.mju_quat2Mat(matrix, np.roll(xyzw / np.linalg.norm(xyzw), 1))
+        np.testing.assert_allclose(rotate_inverse(xyzw, vector),
+                                   matrix.reshape(3, 3).T @ vector, atol=1e-12)
 
 
 def test_joints_are_matched_by_name_whatever_the_wire_order():

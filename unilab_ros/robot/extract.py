@@ -6,6 +6,7 @@ convert before a sample is made).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import numpy as np
@@ -43,7 +44,13 @@ def joint_values(sample: JointStateSample, joints: Sequence[str], field: str) ->
     if values.size != len(sample.names):
         raise ValueError(f"joint_states has {len(sample.names)} names but {values.size} "
                          f"{field} values")
-    return values[joint_indices(sample.names, joints)]
+    return values[_cached_indices(tuple(sample.names), tuple(joints))]
+
+
+@functools.lru_cache(maxsize=256)
+def _cached_indices(names: tuple[str, ...], joints: tuple[str, ...]) -> np.ndarray:
+    # A broadcaster's order is fixed for its life: match names once per order, not per tick.
+    return joint_indices(names, joints)
 
 
 def sample_field(sample: Sample, name: str) -> float:
@@ -84,11 +91,14 @@ def rotate_inverse(xyzw: np.ndarray, vector: np.ndarray) -> np.ndarray:
     norm = np.linalg.norm(q)
     if not np.isfinite(norm) or norm < 1e-9:
         raise ValueError(f"orientation {q.tolist()} is no quaternion (x, y, z, w)")
-    u, w = q[:3] / norm, q[3] / norm
-    # R^T v is the rotation by the conjugate (-u, w): v - 2w (u x v) + 2 u x (u x v).
-    v = np.asarray(vector, np.float64)
-    uv = np.cross(u, v)
-    return v - 2.0 * w * uv + 2.0 * np.cross(u, uv)
+    x, y, z, w = (float(c) for c in q / norm)
+    # The rotation matrix of (x, y, z, w), written out: np.cross on 3-vectors costs ~20 us.
+    rotation = np.array([
+        [1.0 - 2.0 * (y * y + z * z), 2.0 * (x * y - z * w), 2.0 * (x * z + y * w)],
+        [2.0 * (x * y + z * w), 1.0 - 2.0 * (x * x + z * z), 2.0 * (y * z - x * w)],
+        [2.0 * (x * z - y * w), 2.0 * (y * z + x * w), 1.0 - 2.0 * (x * x + y * y)],
+    ])
+    return rotation.T @ np.asarray(vector, np.float64)
 
 
 def projected_gravity(xyzw: np.ndarray) -> np.ndarray:
