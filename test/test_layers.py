@@ -1,6 +1,6 @@
 """The package's layers, read from its source: the MLX core imports nothing above it, the
-loop's decisions import no ROS, and no two modules import each other (even only for type
-checking), so each layer can be read, tested and reused on its own."""
+loop's decisions and the robot spec import no ROS, and no two modules import each other
+(even only for type checking), so each layer can be read, tested and reused on its own."""
 
 from __future__ import annotations
 
@@ -58,6 +58,21 @@ def test_the_loop_imports_no_ros_and_nothing_of_the_nodes():
         assert not ros, f"{name} imports ROS: {sorted(ros)}"
         outside = {m for m in own(names, modules)
                    if not m.startswith(("unilab_ros.rl", "unilab_ros.loop"))}
+        assert not outside, f"{name} imports {sorted(outside)}"
+
+
+def test_the_robot_spec_imports_no_ros_and_only_the_layers_below_it():
+    # The trainer and the deploy node build the same observation from it, so it must stay
+    # importable anywhere: the MLX core's done codes and the loop's step types, no ROS.
+    modules = imports()
+    found = [name for name in modules if name.startswith("unilab_ros.robot")]
+    assert "unilab_ros.robot.steps" in found
+    for name in found:
+        names = modules[name]
+        ros = {n for n in names if n.split(".")[0] in ROS_PACKAGES}
+        assert not ros, f"{name} imports ROS: {sorted(ros)}"
+        outside = {m for m in own(names, modules)
+                   if not m.startswith(("unilab_ros.rl", "unilab_ros.loop", "unilab_ros.robot"))}
         assert not outside, f"{name} imports {sorted(outside)}"
 
 
