@@ -21,6 +21,7 @@ setup(
         ('share/' + package_name + '/launch', glob('launch/*.launch.py')),
         ('share/' + package_name + '/config', glob('config/*.yaml')),
         ('share/' + package_name + '/config/robots', glob('config/robots/*.yaml')),
+        ('share/' + package_name + '/config/robot_specs', glob('config/robot_specs/*.yaml')),
     ],
     install_requires=['setuptools'],
     zip_safe=True,

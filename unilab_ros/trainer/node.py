@@ -42,7 +42,7 @@ from unilab_ros.loop.decisions import (
 from unilab_ros.loop.training_loop import Phase, TrainingLoop
 from unilab_ros.loop.watchdog import Watchdog
 from unilab_ros.params import ConfigError, warn_unknown_parameters
-from unilab_ros.qos import incompatible_publishers, overridable, topic_qos
+from unilab_ros.qos import overridable, topic_qos
 from unilab_ros.rl import PPOAgent, heap
 from unilab_ros.rl.blas import blas_description
 from unilab_ros.rl.checkpoint import CheckpointError
@@ -54,6 +54,7 @@ from unilab_ros.trainer.messages_in import RobotInput
 from unilab_ros.trainer.parameters import LiveParameters, read_parameters
 from unilab_ros.trainer.services import TrainerServices
 from unilab_ros.trainer.session import build_session
+from unilab_ros.trainer.simulators import Simulators
 
 NODE_NAME = "unilab_trainer"
 _WARN_PERIOD = 5.0
@@ -63,9 +64,6 @@ NEWCOMER_WINDOW = 10.0
 sends commands on its action topics, see ``graph_checks``) is the newcomer: it refuses to
 run (exit 2). Later it is the one that was there first: it stops acting until the rival
 is gone."""
-START_RESUME_WINDOW = 10.0
-"""Seconds after start during which the trainer resumes each simulator it can, as soon as
-its resume service is discovered."""
 
 
 def _while_ros_runs(method: Callable[..., None]) -> Callable[..., None]:
@@ -159,8 +157,8 @@ class TrainerNode(Node):
             self._connect(r, robot.name, arrival_ordered, output_cfg, qos)
             for r, robot in enumerate(self.loop.robots)
         ]
-        self._paused_robots: list[int] = []
-        """The robots whose simulators were paused for the update in progress."""
+        self._simulators = Simulators(self, [robot.sim for robot in self._robots], self.loop,
+                                      self._carry_out)
         self._watch = RivalWatch(self, [robot.action_out for robot in self._robots],
                                  NEWCOMER_WINDOW)
         self.create_subscription(Bool, "estop", self._on_estop, qos,
@@ -175,13 +173,6 @@ class TrainerNode(Node):
         self.create_timer(Watchdog(self.watchdog_cfg).period, self._watchdog, clock=steady)
         self.create_timer(1.0, self._publish_status, clock=steady)
         self.create_timer(self.cfg.wait_report_period, self._report_waiting, clock=steady)
-        # A trainer killed during an update left its simulators paused; they wait for a
-        # resume (or max_pause) before stepping again.
-        self._unresumed = [r for r, robot in enumerate(self._robots) if robot.sim.can_resume]
-        self._resume_deadline = time.monotonic() + START_RESUME_WINDOW
-        if self._unresumed:
-            self._start_resume_timer = self.create_timer(0.1, self._resume_at_start,
-                                                         clock=steady)
 
     def _connect(
         self, r: int, name: str, arrival_ordered: bool, output_cfg: ActionOutputConfig,
@@ -337,37 +328,14 @@ class TrainerNode(Node):
             self._publish_safe_action(silence.robot)
 
     @_while_ros_runs
-    def _resume_at_start(self) -> None:
-        """Resume each simulator once its service is discovered (within
-        ``START_RESUME_WINDOW``), unless an update already paused it."""
-        for r in list(self._unresumed):
-            sim = self._robots[r].sim
-            if self.loop.phase is Phase.UPDATING or sim.resume_ready:
-                self._unresumed.remove(r)
-            if self.loop.phase is not Phase.UPDATING and sim.resume_ready:
-                sim.resume(then=lambda: None)
-        if not self._unresumed or time.monotonic() > self._resume_deadline:
-            self._start_resume_timer.cancel()
-
-    @_while_ros_runs
     def _report_waiting(self) -> None:
         """Before the first observation, say which topics the trainer waits on (resolved,
         so a wrong namespace or remap shows) and how many publishers each has."""
         if self.loop.phase is not Phase.WAITING:
             return
-        topics = ", ".join(
-            f"{sub.topic_name} ({self.count_publishers(sub.topic_name)} publishers"
-            + "".join(f"; QoS incompatible, matches nothing: {other}" for other in
-                      incompatible_publishers(self, sub.topic_name, sub.qos_profile))
-            + ")"
-            for robot in self._robots
-            for sub in robot.input.subscriptions
-        )
-        outputs = ", ".join(robot.action_out.topic_name for robot in self._robots)
-        self.get_logger().info(
-            f"waiting for the first observation; subscribed to {topics}; actions go to "
-            f"{outputs}"
-        )
+        self.get_logger().info(reports.waiting_line(
+            self, [sub for robot in self._robots for sub in robot.input.subscriptions],
+            [robot.action_out.topic_name for robot in self._robots]))
 
     # Updating.
 
@@ -376,24 +344,7 @@ class TrainerNode(Node):
         # Pause first: a safe action published before the pause answered could reach the
         # simulator first and step it, a step nobody learns from. The same simulators are
         # resumed after the update.
-        self._paused_robots = self.loop.simulators_to_pause()
-        self._call_sims(self._paused_robots, "pause", then=self._run_update)
-
-    def _call_sims(self, robots: list[int], call: str, then: Callable[[], None]) -> None:
-        """Pause (resume) the simulators of ``robots``, one after the other, then ``then``.
-        A pause that goes unanswered goes to the loop (a fleet stalls that robot; it is
-        still resumed, in case the pause arrived late)."""
-        if not robots:
-            then()
-            return
-        r, sim = robots[0], self._robots[robots[0]].sim
-
-        def next_robot() -> None:
-            if call == "pause" and sim.unanswered:
-                self._carry_out(self.loop.pause_unanswered(r))
-            self._call_sims(robots[1:], call, then)
-
-        getattr(sim, call)(then=next_robot)
+        self._simulators.pause(then=self._run_update)
 
     def _run_update(self) -> None:
         if self.cfg.update_safe_action:
@@ -414,7 +365,7 @@ class TrainerNode(Node):
         self._carry_out(self.loop.after_update())
         # Act only once the simulator runs again: an action that reached it still paused
         # would be dropped, and collection would stall until the step timed out.
-        self._call_sims(self._paused_robots, "resume", then=self._restart_collecting)
+        self._simulators.resume(then=self._restart_collecting)
 
     def _restart_collecting(self) -> None:
         self._drain_queued()
@@ -443,7 +394,7 @@ class TrainerNode(Node):
     def status(self) -> dict[str, Any]:
         return reports.status(
             self.loop,
-            sim_service_failures=sum(robot.sim.calls_failed for robot in self._robots),
+            sim_service_failures=self._simulators.calls_failed,
             metrics_log_failures=self.artifacts.metrics.failures,
             last_save_error=self.artifacts.last_save_error,
         )

@@ -8,9 +8,12 @@ import time
 from typing import Any
 
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
+from rclpy.node import Node
+from rclpy.subscription import Subscription
 
 from unilab_ros.loop.decisions import StepDropped
 from unilab_ros.loop.training_loop import TrainingLoop
+from unilab_ros.qos import incompatible_publishers
 
 
 class IterationReport:
@@ -121,3 +124,18 @@ def dropped_line(loop: TrainingLoop, dropped: StepDropped, service_timeout: floa
 
 def json_number(value: float) -> float | None:
     return value if math.isfinite(value) else None
+
+
+def waiting_line(node: Node, subscriptions: list[Subscription[Any]], outputs: list[str]) -> str:
+    """What the trainer waits on: each resolved topic (so a wrong namespace or remap shows)
+    with its publisher count and any publisher whose QoS cannot match, and where the
+    actions go."""
+    topics = ", ".join(
+        f"{sub.topic_name} ({node.count_publishers(sub.topic_name)} publishers"
+        + "".join(f"; QoS incompatible, matches nothing: {other}" for other in
+                  incompatible_publishers(node, sub.topic_name, sub.qos_profile))
+        + ")"
+        for sub in subscriptions
+    )
+    return (f"waiting for the first observation; subscribed to {topics}; actions go to "
+            f"{', '.join(outputs)}")
