@@ -128,7 +128,8 @@ def build_ours(size: Size, data_path: Path, activation: str) -> Ours:
     from unilab_ros.rl.buffer import TERMINATED, RolloutBuffer
     from unilab_ros.rl.distributions import diag_gaussian_log_prob
     from unilab_ros.rl.model import MLPActorCritic, ModelConfig
-    from unilab_ros.rl.ppo import PPOConfig, PPOTrainer
+    from unilab_ros.rl.ppo import PPOTrainer
+    from unilab_ros.rl.ppo_config import PPOConfig
 
     mx.random.seed(0)
     model_cfg = ModelConfig(

@@ -12,7 +12,7 @@ import pytest
 from unilab_ros.rl.agent import AgentConfig, PPOAgent
 from unilab_ros.rl.distributions import diag_gaussian_log_prob
 from unilab_ros.rl.model import ModelConfig
-from unilab_ros.rl.ppo import PPOConfig
+from unilab_ros.rl.ppo_config import PPOConfig
 from unilab_ros.rl.ppo_runtime import PPORuntimeConfig
 
 OBS_DIM, ACTION_DIM, NUM_STEPS = 3, 2, 8

@@ -11,7 +11,7 @@ from unilab_ros.rl.agent import AgentConfig, PPOAgent
 from unilab_ros.rl.best import BestPolicy
 from unilab_ros.rl.episodes import EpisodeStats
 from unilab_ros.rl.model import ModelConfig
-from unilab_ros.rl.ppo import PPOConfig
+from unilab_ros.rl.ppo_config import PPOConfig
 from unilab_ros.rl.ppo_runtime import PPORuntimeConfig
 
 SIZES = AgentConfig(num_envs=2, obs_dim=3, action_dim=1, num_steps=4, seed=0)

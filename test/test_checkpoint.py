@@ -25,7 +25,7 @@ from unilab_ros.rl.checkpoint import (
     save_checkpoint,
 )
 from unilab_ros.rl.model import ModelConfig
-from unilab_ros.rl.ppo import PPOConfig
+from unilab_ros.rl.ppo_config import PPOConfig
 
 SIZES = AgentConfig(num_envs=3, obs_dim=4, action_dim=2, num_steps=5, seed=7)
 

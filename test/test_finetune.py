@@ -22,7 +22,7 @@ from unilab_ros.rl.bundle import bundle_from_agent, read_policy, save_bundle
 from unilab_ros.rl.finetune import FineTuneConfig, make_agent
 from unilab_ros.rl.model import ModelConfig
 from unilab_ros.rl.policy import PolicySampler
-from unilab_ros.rl.ppo import PPOConfig
+from unilab_ros.rl.ppo_config import PPOConfig
 from unilab_ros.rl.ppo_runtime import PPORuntimeConfig
 from unilab_ros.rl.setup_file import load_setup
 

@@ -18,7 +18,7 @@ from unilab_ros.rl.agent import AgentConfig, PPOAgent, StepOfEnvs
 from unilab_ros.rl.done_codes import DoneCode
 from unilab_ros.rl.lanes import LaneRollout
 from unilab_ros.rl.model import ModelConfig
-from unilab_ros.rl.ppo import PPOConfig
+from unilab_ros.rl.ppo_config import PPOConfig
 from unilab_ros.rl.ppo_runtime import PPORuntimeConfig
 
 ROBOTS = ["robot1", "robot2", "robot3"]

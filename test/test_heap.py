@@ -23,7 +23,8 @@ import numpy as np
 from unilab_ros.rl import heap
 from unilab_ros.rl.buffer import RolloutBuffer
 from unilab_ros.rl.model import MLPActorCritic, ModelConfig
-from unilab_ros.rl.ppo import PPOConfig, PPOTrainer
+from unilab_ros.rl.ppo import PPOTrainer
+from unilab_ros.rl.ppo_config import PPOConfig
 
 steps, envs, obs_dim, act_dim = 24, 256, 48, 12
 hidden = [512, 256, 128]

@@ -16,7 +16,7 @@ from mlx.utils import tree_flatten
 from unilab_ros.rl import activations, native
 from unilab_ros.rl.agent import AgentConfig, PPOAgent, warm_up_update
 from unilab_ros.rl.model import MLPActorCritic, ModelConfig
-from unilab_ros.rl.ppo import PPOConfig
+from unilab_ros.rl.ppo_config import PPOConfig
 
 needs_native = pytest.mark.skipif(
     activations._native is None, reason=f"native kernels: {activations.NATIVE_STATUS}"

@@ -19,7 +19,7 @@ from unilab_ros.params import (
 from unilab_ros.rl.actions import ActionConfig
 from unilab_ros.rl.agent import AgentConfig
 from unilab_ros.rl.model import ModelConfig
-from unilab_ros.rl.ppo import PPOConfig
+from unilab_ros.rl.ppo_config import PPOConfig
 from unilab_ros.rl.ppo_runtime import PPORuntimeConfig
 from unilab_ros.trainer_config import TrainerNodeConfig
 

@@ -14,7 +14,8 @@ from mlx.utils import tree_flatten, tree_map
 from unilab_ros.rl.buffer import MiniBatch, RolloutBuffer
 from unilab_ros.rl.distributions import diag_gaussian_log_prob
 from unilab_ros.rl.model import MLPActorCritic, ModelConfig
-from unilab_ros.rl.ppo import PPOConfig, PPOTrainer
+from unilab_ros.rl.ppo import PPOTrainer
+from unilab_ros.rl.ppo_config import PPOConfig
 from unilab_ros.rl.ppo_runtime import PPORuntimeConfig
 
 OBS_DIM, ACTION_DIM = 3, 2

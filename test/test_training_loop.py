@@ -20,7 +20,7 @@ from unilab_ros.rl.actions import ActionConfig, ActionMapper
 from unilab_ros.rl.agent import AgentConfig, PPOAgent
 from unilab_ros.rl.best import BestPolicy
 from unilab_ros.rl.model import ModelConfig
-from unilab_ros.rl.ppo import PPOConfig
+from unilab_ros.rl.ppo_config import PPOConfig
 from unilab_ros.rl.ppo_runtime import PPORuntimeConfig
 
 NUM_ENVS, OBS_DIM, ACTION_DIM, NUM_STEPS = 2, 3, 1, 4

@@ -14,7 +14,8 @@ keep_freed_memory()
 from unilab_ros.rl.agent import AgentConfig, PPOAgent  # noqa: E402
 from unilab_ros.rl.buffer import RolloutBuffer  # noqa: E402
 from unilab_ros.rl.model import MLPActorCritic, ModelConfig  # noqa: E402
-from unilab_ros.rl.ppo import PPOConfig, PPOTrainer  # noqa: E402
+from unilab_ros.rl.ppo import PPOTrainer  # noqa: E402
+from unilab_ros.rl.ppo_config import PPOConfig  # noqa: E402
 from unilab_ros.rl.ppo_runtime import PPORuntimeConfig  # noqa: E402
 
 __all__ = [

@@ -13,7 +13,8 @@ import numpy as np
 from unilab_ros.rl.buffer import RolloutBuffer
 from unilab_ros.rl.model import MLPActorCritic, ModelConfig
 from unilab_ros.rl.policy import PolicySampler
-from unilab_ros.rl.ppo import PPOConfig, PPOTrainer
+from unilab_ros.rl.ppo import PPOTrainer
+from unilab_ros.rl.ppo_config import PPOConfig
 from unilab_ros.rl.ppo_runtime import PPORuntimeConfig
 
 _LOG = logging.getLogger(__name__)

@@ -23,7 +23,7 @@ from unilab_ros.rl.actions import ActionConfig
 from unilab_ros.rl.agent import AgentConfig, PPOAgent
 from unilab_ros.rl.files import write_atomically
 from unilab_ros.rl.model import MLPActorCritic, ModelConfig
-from unilab_ros.rl.ppo import PPOConfig
+from unilab_ros.rl.ppo_config import PPOConfig
 
 FORMAT = "unilab_ros.checkpoint/1"
 SUFFIX = ".safetensors"

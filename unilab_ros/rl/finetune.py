@@ -22,7 +22,7 @@ from unilab_ros.rl.actions import ActionConfig
 from unilab_ros.rl.agent import AgentConfig, PPOAgent
 from unilab_ros.rl.bundle import PolicyBundle, read_policy
 from unilab_ros.rl.model import ModelConfig
-from unilab_ros.rl.ppo import PPOConfig
+from unilab_ros.rl.ppo_config import PPOConfig
 from unilab_ros.rl.ppo_runtime import PPORuntimeConfig
 
 ACTOR_FIELDS = (

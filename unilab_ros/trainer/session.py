@@ -20,7 +20,7 @@ from unilab_ros.rl.checkpoint import Checkpoint, restore_agent
 from unilab_ros.rl.episodes import EpisodeStats
 from unilab_ros.rl.finetune import FineTuneConfig, make_agent
 from unilab_ros.rl.model import ModelConfig
-from unilab_ros.rl.ppo import PPOConfig
+from unilab_ros.rl.ppo_config import PPOConfig
 from unilab_ros.rl.ppo_runtime import PPORuntimeConfig
 
 _LOG = logging.getLogger(__name__)
