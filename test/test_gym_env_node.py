@@ -86,14 +86,14 @@ class Harness:
 
     def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Send actions and return (reward, done, next observation) as the peer got them."""
-        steps = self.env.counters.steps
+        steps = self.env.status.steps
         rewards, dones = len(self.received['reward']), len(self.received['done'])
         observations = len(self.received['observation'])
         first_step = self.env.waiting_for_first_action
         make = to_float64_msg if self.action_pub.msg_type is Float64MultiArray \
             else to_float32_msg
         self.send(make(actions, ('env', 'action')))
-        assert self.spin_until(lambda: self.env.counters.steps == steps + 1
+        assert self.spin_until(lambda: self.env.status.steps == steps + 1
                                and len(self.received['reward']) == rewards + 1
                                and len(self.received['done']) == dones + 1), 'no step reply'
         if first_step:
@@ -170,9 +170,9 @@ def test_the_latest_observation_is_republished_while_no_action_comes(harness_fac
     _, _, stepped = harness.step(np.zeros((2, 1)))
     assert not harness.env.waiting_for_first_action
     received = len(harness.received['observation'])
-    republished = harness.env.counters.observation_republishes
+    republished = harness.env.status.observation_republishes
     assert harness.spin_until(lambda: len(harness.received['observation']) >= received + 2)
-    assert harness.env.counters.observation_republishes >= republished + 2
+    assert harness.env.status.observation_republishes >= republished + 2
     for msg in harness.received['observation'][received:]:
         np.testing.assert_array_equal(read_matrix(msg, 2, 3), stepped)
 
@@ -181,7 +181,7 @@ def test_nothing_is_republished_while_actions_keep_coming(harness_factory):
     period = 0.2
     harness = harness_factory(num_envs=2, seed=3, republish_period=period)
     harness.step(np.zeros((2, 1)))
-    republished = harness.env.counters.observation_republishes
+    republished = harness.env.status.observation_republishes
     # A loaded machine may stall a step past the period; only such a gap may re-publish.
     stalls = 0
     last = time.monotonic()
@@ -191,7 +191,7 @@ def test_nothing_is_republished_while_actions_keep_coming(harness_factory):
         now = time.monotonic()
         stalls += now - last > period
         last = now
-    assert harness.env.counters.observation_republishes - republished <= stalls
+    assert harness.env.status.observation_republishes - republished <= stalls
 
 
 def test_an_action_steps_every_env_and_publishes_reward_done_observation(harness_factory):
@@ -206,7 +206,7 @@ def test_an_action_steps_every_env_and_publishes_reward_done_observation(harness
         expected_obs, expected_reward, *_ = env.step(actions[i])
         np.testing.assert_allclose(observation[i], expected_obs, rtol=1e-5)
         assert reward[i] == pytest.approx(expected_reward, rel=1e-5)
-    assert harness.env.counters.steps == 1
+    assert harness.env.status.steps == 1
 
 
 def test_truncation_gives_code_2_and_the_first_observation_of_the_next_episode(
@@ -221,7 +221,7 @@ def test_truncation_gives_code_2_and_the_first_observation_of_the_next_episode(
         np.testing.assert_array_equal(done, [DONE_TRUNCATED if step == 2 else DONE_RUNNING] * 2)
     next_episode = np.stack([env.reset()[0] for env in reference])
     np.testing.assert_allclose(observation, next_episode, rtol=1e-6)
-    assert harness.env.counters.episodes == 2
+    assert harness.env.status.episodes == 2
 
 
 def test_termination_gives_code_1_with_the_ending_reward(harness_factory):
@@ -238,7 +238,7 @@ def test_termination_gives_code_1_with_the_ending_reward(harness_factory):
     assert done[0] == DONE_TERMINATED
     assert reward[0] > 90.0, 'the goal bonus belongs to the ending step'
     np.testing.assert_allclose(observation[0], reference.reset()[0], rtol=1e-6)
-    assert harness.env.counters.episodes == 1
+    assert harness.env.status.episodes == 1
 
 
 def test_actions_are_clipped_to_the_action_space(harness_factory):
@@ -265,14 +265,14 @@ def test_malformed_actions_are_rejected_and_counted_without_stepping(harness_fac
     bad_actions = _bad_actions()
     for count, msg in enumerate(bad_actions, start=1):
         harness.send(msg)
-        assert harness.spin_until(lambda c=count: harness.env.counters.rejected_actions == c)
+        assert harness.spin_until(lambda c=count: harness.env.status.rejected_actions == c)
     harness.spin_for(0.1)
-    assert harness.env.counters.steps == 0
+    assert harness.env.status.steps == 0
     assert harness.received['reward'] == [] and harness.received['done'] == []
     assert harness.env.waiting_for_first_action
     reward, _, _ = harness.step(np.zeros((2, 1)))
     assert reward.shape == (2,)
-    assert harness.env.counters.rejected_actions == len(bad_actions)
+    assert harness.env.status.rejected_actions == len(bad_actions)
 
 
 def test_float64_actions(harness_factory):
@@ -281,7 +281,7 @@ def test_float64_actions(harness_factory):
     assert reward.shape == (2,) and observation.shape == (2, 3)
     np.testing.assert_array_equal(done, [DONE_RUNNING] * 2)
     harness.send(Float64MultiArray(data=[0.0, float('nan')]))
-    assert harness.spin_until(lambda: harness.env.counters.rejected_actions == 1)
+    assert harness.spin_until(lambda: harness.env.status.rejected_actions == 1)
 
 
 def test_status_reports_the_counters(harness_factory):
@@ -292,7 +292,7 @@ def test_status_reports_the_counters(harness_factory):
     status = json.loads(harness.received['status'][-1].data)
     assert status['steps'] == 1 and status['rejected_actions'] == 0
     assert status['actions_while_paused'] == 0 and status['paused'] is False
-    assert status['mean_return'] == pytest.approx(harness.env.counters.mean_return)
+    assert status['mean_return'] == pytest.approx(harness.env.status.mean_return)
 
 
 def test_paused_actions_are_counted_and_dropped_and_resume_steps_on(harness_factory):
@@ -310,11 +310,11 @@ def test_paused_actions_are_counted_and_dropped_and_resume_steps_on(harness_fact
     for count in (1, 2, 3):
         harness.send(to_float32_msg(np.full((2, 1), 2.0), ('env', 'action')))
         assert harness.spin_until(
-            lambda c=count: harness.env.counters.actions_while_paused == c)
+            lambda c=count: harness.env.status.actions_while_paused == c)
     harness.call('resume')
     assert not harness.env.paused
     harness.spin_for(0.2)
-    assert harness.env.counters.steps == 1, 'a paused env is not stepped'
+    assert harness.env.status.steps == 1, 'a paused env is not stepped'
     # Neither pause nor resume steps or publishes a step; only a quiet period after the
     # resume re-publishes the state the env waits in.
     now = harness.published()
@@ -327,9 +327,9 @@ def test_paused_actions_are_counted_and_dropped_and_resume_steps_on(harness_fact
     _, _, observation = harness.step(action)
     expected = np.stack([env.step(action[i])[0] for i, env in enumerate(reference)])
     np.testing.assert_allclose(observation, expected, rtol=1e-5)
-    assert harness.env.counters.steps == 2
-    assert harness.env.counters.actions_while_paused == 3
-    assert harness.env.counters.rejected_actions == 0
+    assert harness.env.status.steps == 2
+    assert harness.env.status.actions_while_paused == 3
+    assert harness.env.status.rejected_actions == 0
 
 
 def test_an_env_paused_more_often_than_its_republish_period_still_republishes(
@@ -339,27 +339,27 @@ def test_an_env_paused_more_often_than_its_republish_period_still_republishes(
     # joins: the running time between pauses adds up to the period, the paused time not.
     harness = harness_factory(num_envs=2, seed=1, republish_period=0.3)
     harness.step(np.zeros((2, 1)))
-    republished = harness.env.counters.observation_republishes
+    republished = harness.env.status.observation_republishes
     for _ in range(10):
         harness.spin_for(0.1)
         harness.call('pause')
         harness.spin_for(0.05)
         harness.call('resume')
     # 10 x 0.1 s of running time: 3 periods.
-    assert harness.env.counters.observation_republishes >= republished + 2
-    assert harness.env.counters.steps == 1
+    assert harness.env.status.observation_republishes >= republished + 2
+    assert harness.env.status.steps == 1
 
 
 def test_paused_before_the_first_action_the_first_observation_is_not_republished(
         harness_factory):
     harness = harness_factory(republish_period=0.05)
     harness.call('pause')
-    publishes = harness.env.counters.observation_republishes
+    publishes = harness.env.status.observation_republishes
     harness.spin_for(0.3)
-    assert harness.env.counters.observation_republishes == publishes
+    assert harness.env.status.observation_republishes == publishes
     harness.call('resume')
     assert harness.spin_until(
-        lambda: harness.env.counters.observation_republishes > publishes)
+        lambda: harness.env.status.observation_republishes > publishes)
 
 
 def test_mujoco_env_is_served(harness_factory):
@@ -401,10 +401,10 @@ def test_a_pause_with_no_resume_ends_after_max_pause(harness_factory):
     harness.spin_for(0.2)
     assert harness.env.paused, 'resumed before max_pause'
     assert harness.spin_until(lambda: not harness.env.paused, timeout=3.0)
-    assert harness.env.counters.pause_timeouts == 1
+    assert harness.env.status.pause_timeouts == 1
     # The waiting state goes out at once (a re-publication would wait 1 s after the
     # resume), and actions step again.
     assert harness.spin_until(lambda: len(harness.received['observation']) > received,
                               timeout=0.5)
     harness.step(np.zeros((2, 1)))
-    assert harness.env.counters.steps == 2
+    assert harness.env.status.steps == 2

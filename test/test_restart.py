@@ -47,12 +47,12 @@ def test_a_restarted_trainer_resumes_against_a_running_environment(context, tmp_
             str(tmp_path / "a"), max_iterations=1))
         executor.add_node(first)
         assert spin_until(executor, lambda: first.finished, WAIT_S)
-        steps_before = bridge.counters.steps
+        steps_before = bridge.status.steps
         # The trainer goes away without a word; the environment waits on its latest state.
         executor.remove_node(first)
         first.destroy_node()
         spin_until(executor, lambda: False, 0.5)
-        assert bridge.counters.steps == steps_before
+        assert bridge.status.steps == steps_before
 
         second = TrainerNode(context=context, parameter_overrides=trainer_params(
             str(tmp_path / "b"), max_iterations=2,
@@ -60,8 +60,8 @@ def test_a_restarted_trainer_resumes_against_a_running_environment(context, tmp_
         executor.add_node(second)
         assert spin_until(executor, lambda: second.finished, WAIT_S), (
             f"the restarted trainer is {second.state.value}")
-        assert bridge.counters.observation_republishes >= 1
-        assert bridge.counters.steps >= steps_before + NUM_STEPS
+        assert bridge.status.observation_republishes >= 1
+        assert bridge.status.steps >= steps_before + NUM_STEPS
         assert Checkpoint(tmp_path / "b" / "latest.safetensors").iteration == 2
         second.destroy_node()
     finally:

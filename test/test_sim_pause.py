@@ -93,17 +93,17 @@ def run_pair(context, tmp_path):
 def test_with_the_pause_services_no_step_is_lost_to_updates(run_pair):
     bridge, trainer = run_pair(PAUSING)
     assert trainer.loop.step_counters["steps_dropped"] == 0
-    assert bridge.counters.steps == STORED, "an env step was taken during an update"
+    assert bridge.status.steps == STORED, "an env step was taken during an update"
     # Each update's safe action reached the paused bridge and was dropped there.
-    assert bridge.counters.actions_while_paused == UPDATES
+    assert bridge.status.actions_while_paused == UPDATES
     assert not bridge.paused
     assert list(trainer.stats.finished_lengths) == [MAX_EPISODE_STEPS] * NUM_ENVS
 
 
 def test_without_the_pause_services_the_safe_action_steps_the_env(run_pair):
     bridge, _ = run_pair({})
-    assert bridge.counters.steps == STORED + UPDATES
-    assert bridge.counters.actions_while_paused == 0
+    assert bridge.status.steps == STORED + UPDATES
+    assert bridge.status.actions_while_paused == 0
 
 
 @pytest.fixture
@@ -153,11 +153,11 @@ def test_a_stalled_robots_simulator_is_left_out_of_the_pauses(fleet_of_two):
     node.destroy_node()
     assert spin_until(executor, lambda: trainer.loop.stalled_robots == ["robot2"], WAIT_S)
     failures, iteration = trainer.status()["sim_service_failures"], trainer.agent.iteration
-    robot1_pauses = bridges["robot1"][0].counters.actions_while_paused
+    robot1_pauses = bridges["robot1"][0].status.actions_while_paused
     assert spin_until(executor, lambda: trainer.agent.iteration >= iteration + 2, WAIT_S)
     assert trainer.status()["sim_service_failures"] == failures
     # robot1 is still paused around every update: the safe action finds it paused.
-    assert bridges["robot1"][0].counters.actions_while_paused >= robot1_pauses + 2
+    assert bridges["robot1"][0].status.actions_while_paused >= robot1_pauses + 2
 
 
 def test_a_robot_whose_pause_goes_unanswered_stalls_at_once(fleet_of_two):

@@ -26,6 +26,7 @@ from std_srvs.srv import Empty
 
 from unilab_ros.executors import run_node
 from unilab_ros.gym_vector import RETURN_WINDOW, GymEnvConfigError, GymVectorSim
+from unilab_ros.loop.counters import Counters
 from unilab_ros.messages import (
     MessageError,
     read_matrix,
@@ -88,9 +89,14 @@ class GymEnvParams:
             raise ValueError('; '.join(problems))
 
 
+EVENT_COUNTERS = ('rejected_actions', 'actions_while_paused', 'observation_republishes',
+                  'pause_timeouts')
+"""What the bridge counts besides the env's steps and episodes."""
+
+
 @dataclass(frozen=True)
-class GymEnvCounters:
-    """A snapshot of the node's counters (status topic and tests)."""
+class GymEnvStatus:
+    """A snapshot of the bridge's state (status topic and tests)."""
 
     steps: int
     episodes: int
@@ -118,11 +124,8 @@ class GymEnvNode(Node):
         params = read_config(self, GymEnvParams)
         self._sim = GymVectorSim(params.env_id, params.num_envs, params.seed,
                                  params.max_episode_steps)
-        self._rejected_actions = 0
-        self._actions_while_paused = 0
+        self._counts = Counters(EVENT_COUNTERS)
         self._paused = False
-        self._observation_republishes = 0
-        self._pause_timeouts = 0
         self._paused_since = 0.0
         self._max_pause = params.max_pause
         self._logged_episodes = 0
@@ -152,13 +155,9 @@ class GymEnvNode(Node):
             f'action_dim={self._sim.action_dim}, action type {params.action_msg_type}')
 
     @property
-    def counters(self) -> GymEnvCounters:
-        return GymEnvCounters(steps=self._sim.steps, episodes=self._sim.episodes,
-                              rejected_actions=self._rejected_actions,
-                              actions_while_paused=self._actions_while_paused,
-                              observation_republishes=self._observation_republishes,
-                              pause_timeouts=self._pause_timeouts,
-                              mean_return=self._sim.mean_return())
+    def status(self) -> GymEnvStatus:
+        return GymEnvStatus(steps=self._sim.steps, episodes=self._sim.episodes,
+                            mean_return=self._sim.mean_return(), **self._counts)
 
     @property
     def waiting_for_first_action(self) -> bool:
@@ -181,14 +180,14 @@ class GymEnvNode(Node):
         if self._paused or now - self._quiet_since < self._republish_period:
             return
         self._observation_pub.publish(self._latest_observation)
-        self._observation_republishes += 1
+        self._counts.add('observation_republishes')
         self._quiet_since = now
 
     def _on_action(self, msg: Float32MultiArray | Float64MultiArray) -> None:
         if self._paused:
-            self._actions_while_paused += 1
+            dropped = self._counts.add('actions_while_paused')
             self.get_logger().info(
-                f'paused: action dropped, env not stepped ({self._actions_while_paused} so far)',
+                f'paused: action dropped, env not stepped ({dropped} so far)',
                 throttle_duration_sec=PAUSED_LOG_PERIOD_S)
             return
         try:
@@ -204,9 +203,9 @@ class GymEnvNode(Node):
         self._quiet_since = time.monotonic()
 
     def _reject(self, reason: str) -> None:
-        self._rejected_actions += 1
+        rejected = self._counts.add('rejected_actions')
         self.get_logger().warning(
-            f'rejected action, env not stepped ({self._rejected_actions} so far): {reason}',
+            f'rejected action, env not stepped ({rejected} so far): {reason}',
             throttle_duration_sec=REJECT_LOG_PERIOD_S)
 
     def _srv_pause(self, _request: Empty.Request, response: Empty.Response) -> Empty.Response:
@@ -220,10 +219,10 @@ class GymEnvNode(Node):
     def _end_a_stale_pause(self) -> None:
         if not self._paused or time.monotonic() - self._paused_since <= self._max_pause:
             return
-        self._pause_timeouts += 1
+        timeouts = self._counts.add('pause_timeouts')
         self.get_logger().warning(
             f'paused for over {self._max_pause}s with no resume: resuming '
-            f'({self._pause_timeouts} so far; the trainer that paused it is gone?)')
+            f'({timeouts} so far; the trainer that paused it is gone?)')
         self._resume()
         # A trainer that is waiting gets the state now, not a republish_period later.
         self._observation_pub.publish(self._latest_observation)
@@ -244,15 +243,15 @@ class GymEnvNode(Node):
         self._paused = False
 
     def _report(self) -> None:
-        counters = self.counters
+        status = self.status
         self._status_pub.publish(
-            String(data=json.dumps({**asdict(counters), 'paused': self._paused})))
-        new_episodes = counters.episodes - self._logged_episodes
+            String(data=json.dumps({**asdict(status), 'paused': self._paused})))
+        new_episodes = status.episodes - self._logged_episodes
         if new_episodes == 0:
             return
-        self._logged_episodes = counters.episodes
+        self._logged_episodes = status.episodes
         self.get_logger().info(
-            f'{counters.steps} steps, {counters.episodes} episodes; mean return of the last '
+            f'{status.steps} steps, {status.episodes} episodes; mean return of the last '
             f'{min(new_episodes, RETURN_WINDOW)}: {self._sim.mean_return(new_episodes):.3f}')
 
 
