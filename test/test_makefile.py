@@ -1,5 +1,6 @@
 """The Makefile does what the README says, read through `make -n` (nothing is run)."""
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -12,10 +13,12 @@ PACKAGE_ROOT = Path(__file__).resolve().parents[1]
 def _dry_run(tmp_path: Path, *arguments: str) -> list[str]:
     if shutil.which('make') is None:
         pytest.skip('make is not installed')
-    # A venv of its own: the stamps of the real .venv would hide what setup does.
+    # A venv of its own: the stamps of the real .venv would hide what setup does. Only
+    # the arguments say which wheelhouse: .ci/run exports one.
+    env = {key: value for key, value in os.environ.items() if key != 'ROS2_WHEELHOUSE'}
     result = subprocess.run(['make', '-n', '-C', str(PACKAGE_ROOT), *arguments,
                              f'VENV={tmp_path / "venv"}'],
-                            capture_output=True, text=True, timeout=60, check=True)
+                            capture_output=True, text=True, timeout=60, check=True, env=env)
     return result.stdout.splitlines()
 
 
