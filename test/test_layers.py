@@ -36,6 +36,12 @@ def imports() -> dict[str, set[str]]:
     return found
 
 
+def within(name: str, *packages: str) -> bool:
+    """Whether module ``name`` is one of ``packages`` or inside one (not just named alike:
+    ``unilab_ros.robot_io`` is not in ``unilab_ros.robot``)."""
+    return any(name == package or name.startswith(package + ".") for package in packages)
+
+
 def own(names: set[str], modules: dict[str, set[str]]) -> set[str]:
     """The package's modules among ``names``."""
     return {name for name in names if name in modules and name != "unilab_ros"}
@@ -44,20 +50,20 @@ def own(names: set[str], modules: dict[str, set[str]]) -> set[str]:
 def test_the_core_imports_nothing_above_it():
     modules = imports()
     for name, names in modules.items():
-        if name.startswith("unilab_ros.rl"):
-            above = {m for m in own(names, modules) if not m.startswith("unilab_ros.rl")}
+        if within(name, "unilab_ros.rl"):
+            above = {m for m in own(names, modules) if not within(m, "unilab_ros.rl")}
             assert not above, f"{name} imports {sorted(above)} from above the core"
 
 
 def test_the_loop_imports_no_ros_and_nothing_of_the_nodes():
     modules = imports()
     for name, names in modules.items():
-        if not name.startswith("unilab_ros.loop"):
+        if not within(name, "unilab_ros.loop"):
             continue
         ros = {n for n in names if n.split(".")[0] in ROS_PACKAGES}
         assert not ros, f"{name} imports ROS: {sorted(ros)}"
         outside = {m for m in own(names, modules)
-                   if not m.startswith(("unilab_ros.rl", "unilab_ros.loop"))}
+                   if not within(m, "unilab_ros.rl", "unilab_ros.loop")}
         assert not outside, f"{name} imports {sorted(outside)}"
 
 
@@ -65,14 +71,14 @@ def test_the_robot_spec_imports_no_ros_and_only_the_layers_below_it():
     # The trainer and the deploy node build the same observation from it, so it must stay
     # importable anywhere: the MLX core's done codes and the loop's step types, no ROS.
     modules = imports()
-    found = [name for name in modules if name.startswith("unilab_ros.robot")]
+    found = [name for name in modules if within(name, "unilab_ros.robot")]
     assert "unilab_ros.robot.steps" in found
     for name in found:
         names = modules[name]
         ros = {n for n in names if n.split(".")[0] in ROS_PACKAGES}
         assert not ros, f"{name} imports ROS: {sorted(ros)}"
         outside = {m for m in own(names, modules)
-                   if not m.startswith(("unilab_ros.rl", "unilab_ros.loop", "unilab_ros.robot"))}
+                   if not within(m, "unilab_ros.rl", "unilab_ros.loop", "unilab_ros.robot")}
         assert not outside, f"{name} imports {sorted(outside)}"
 
 
