@@ -121,7 +121,6 @@ class TrainerNode(Node):
         self.loop: TrainingLoop = session.loop
         self.num_envs, self.obs_dim = self.loop.actions.safe.shape[0], session_cfg.agent.obs_dim
         self.watchdog_cfg = session_cfg.watchdog
-        self._warned_at: dict[str, float] = {}
         self.report = reports.IterationReport(self.loop)
         try:
             folder, run_folder = output_folder(self.cfg.checkpoint_dir, self.cfg.runs_root,
@@ -164,8 +163,9 @@ class TrainerNode(Node):
         self.create_subscription(Bool, "estop", self._on_estop, qos,
                                  qos_overriding_options=overridable())
         if self.cfg.control_services:
-            TrainerServices(self, self.loop, self.artifacts, self.save, f"{NODE_NAME} (live)")
-        LiveParameters(self, self.loop, self.cfg.control_services)
+            self._services = TrainerServices(self, self.loop, self.artifacts, self.save,
+                                             f"{NODE_NAME} (live)")
+        self._live_parameters = LiveParameters(self, self.loop, self.cfg.control_services)
         steady = Clock(clock_type=ClockType.STEADY_TIME)
         # Step deadlines follow the node clock (a paused simulator drops nothing); the
         # watchdog follows the steady clock (it must fire even when sim time stops).
