@@ -163,9 +163,9 @@ class TrainerNode(Node):
         self.create_subscription(Bool, "estop", self._on_estop, qos,
                                  qos_overriding_options=overridable())
         if self.cfg.control_services:
-            self._services = TrainerServices(self, self.loop, self.artifacts, self.save,
-                                             f"{NODE_NAME} (live)")
-        self._live_parameters = LiveParameters(self, self.loop, self.cfg.control_services)
+            self._trainer_services = TrainerServices(self, self.loop, self.artifacts, self.save,
+                                                     f"{NODE_NAME} (live)")
+        self._trainer_parameters = LiveParameters(self, self.loop, self.cfg.control_services)
         steady = Clock(clock_type=ClockType.STEADY_TIME)
         # Step deadlines follow the node clock (a paused simulator drops nothing); the
         # watchdog follows the steady clock (it must fire even when sim time stops).
