@@ -73,12 +73,28 @@ class Transition:
     """Reception stamp of ``next_obs`` (the next action answers it)."""
 
 
+class Deadline:
+    """When an outstanding step is late: ``timeout`` seconds after its action, on a clock
+    that may go back (sim time restarted, a replayed /clock). A clock earlier than the
+    action moves the deadline to ``timeout`` from then: measured on the old time line it
+    would lie as far away as the clock jumped."""
+
+    def __init__(self, now: float, timeout: float) -> None:
+        self.timeout = timeout
+        self.at = now + timeout
+
+    def passed(self, now: float) -> bool:
+        if now < self.at - self.timeout:
+            self.at = now + self.timeout
+        return now > self.at
+
+
 @dataclass
 class _Pending:
     obs: np.ndarray
     action: np.ndarray
     obs_stamp: int
-    deadline: float
+    deadline: Deadline
     reward: np.ndarray | None = None
     done: np.ndarray | None = None
     next_obs: np.ndarray | None = None
@@ -132,21 +148,12 @@ class StepSync:
 
     def action_sent(self, obs: np.ndarray, action: np.ndarray, obs_stamp: int, now: float) -> None:
         """Record the action published for ``obs``; its step must complete by now + timeout."""
-        self._pending = _Pending(obs, action, obs_stamp, now + self.step_timeout)
+        self._pending = _Pending(obs, action, obs_stamp, Deadline(now, self.step_timeout))
 
     def expired(self, now: float) -> bool:
-        """Drop the outstanding step if its deadline passed; True when one was dropped.
-
-        A clock that went back (sim time restarted, a replayed /clock) since the action
-        moves the deadline to ``step_timeout`` from now: measured on the old time line it
-        would lie as far away as the clock jumped.
-        """
-        pending = self._pending
-        if pending is None:
-            return False
-        if now < pending.deadline - self.step_timeout:
-            pending.deadline = now + self.step_timeout
-        if now <= pending.deadline:
+        """Drop the outstanding step if its deadline passed (see ``Deadline``); True when
+        one was dropped."""
+        if self._pending is None or not self._pending.deadline.passed(now):
             return False
         return self.drop()
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from unilab_ros.loop.counters import Counters
-from unilab_ros.loop.stepper import SegmentStart, Transition
+from unilab_ros.loop.stepper import Deadline, SegmentStart, Transition
 from unilab_ros.rl.done_codes import DoneCode
 from unilab_ros.robot.commands import draw_commands, read_commands
 from unilab_ros.robot.extract import joint_indices
@@ -50,7 +50,7 @@ stopped: the caller's timer or clock stalled)."""
 class _Pending:
     obs: np.ndarray
     action: np.ndarray
-    deadline: float
+    deadline: Deadline
 
 
 class RobotSteps:
@@ -188,7 +188,8 @@ class RobotSteps:
                     now: float) -> None:
         """The loop acted on ``obs`` with ``action`` (policy units): the next fresh tick
         completes the step."""
-        self._pending = _Pending(obs, action, now + STEP_DEADLINE_PERIODS * self.spec.dt)
+        self._pending = _Pending(obs, action,
+                                 Deadline(now, STEP_DEADLINE_PERIODS * self.spec.dt))
         self._previous_action = self._action
         self._action = np.asarray(action, np.float64).reshape(-1)
 
@@ -198,7 +199,7 @@ class RobotSteps:
         if self._cut:
             self._cut = False
             return True
-        if self._pending is None or now <= self._pending.deadline:
+        if self._pending is None or not self._pending.deadline.passed(now):
             return False
         return self.drop()
 
