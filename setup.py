@@ -22,6 +22,7 @@ setup(
         ('share/' + package_name + '/config', glob('config/*.yaml')),
         ('share/' + package_name + '/config/robots', glob('config/robots/*.yaml')),
         ('share/' + package_name + '/config/robot_specs', glob('config/robot_specs/*.yaml')),
+        ('share/' + package_name + '/config/robot_train', glob('config/robot_train/*.yaml')),
     ],
     install_requires=['setuptools'],
     zip_safe=True,

@@ -52,6 +52,16 @@ class ActionOutput:
         """The resolved topic name (namespace and remaps applied)."""
         return self._publisher.topic_name
 
+    def wire(self, command: np.ndarray) -> bytes:
+        """The data ``publish`` sends for ``command``, as bytes (to tell one's own commands
+        from a rival's)."""
+        return np.ascontiguousarray(command, self.dtype).tobytes()
+
+    @staticmethod
+    def received(msg: Float32MultiArray | Float64MultiArray) -> bytes:
+        """The data of a command message heard on the topic, as bytes."""
+        return bytes(memoryview(msg.data))
+
     def publish(self, command: np.ndarray) -> None:
         self._publisher.publish(self._to_msg(command, ("env", "action")))
 

@@ -7,10 +7,12 @@ is most of an action's latency. Set UNILAB_EXECUTOR=single to use the classic on
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import sys
 from collections.abc import Callable
+from typing import Any
 
 import rclpy
 from rclpy.executors import Executor, ExternalShutdownException, SingleThreadedExecutor
@@ -107,3 +109,15 @@ def run_node(
             node.destroy_node()
         rclpy.try_shutdown()
     sys.exit(code)
+
+
+def while_ros_runs(method: Callable[..., None]) -> Callable[..., None]:
+    """Skip a callback once ROS is shut down (a signal): the executor may still run
+    queued ones, and their publishing would fail with an invalid context."""
+
+    @functools.wraps(method)
+    def guarded(self: Node, *args: Any) -> None:
+        if self.context.ok():
+            method(self, *args)
+
+    return guarded

@@ -19,10 +19,13 @@ from rclpy.node import Node
 from rclpy.qos import QoSProfile, ReliabilityPolicy
 
 from unilab_ros.action_output import ActionOutput
+from unilab_ros.robot_link import JointCommandOutput
 
 LIVE_WINDOW = 2.0
 """Seconds a foreign command keeps the rival that sent it counted as live."""
 
+CommandOutput = ActionOutput | JointCommandOutput
+"""What sends a node's commands: the topic contract's arrays, or a robot spec's joints."""
 UNKNOWN_NODE = "_NODE_NAME_UNKNOWN_"
 """The node name the graph gives an endpoint whose node it does not know."""
 
@@ -61,7 +64,7 @@ class RivalWatch:
     itself come back there too and are told apart by their bytes.
     """
 
-    def __init__(self, node: Node, outputs: list[ActionOutput], listen_for: float) -> None:
+    def __init__(self, node: Node, outputs: list[CommandOutput], listen_for: float) -> None:
         self._node = node
         self._outputs = outputs
         # Best effort hears reliable and best-effort publishers alike.
@@ -75,7 +78,7 @@ class RivalWatch:
     def publish(self, r: int, command: np.ndarray) -> None:
         output = self._outputs[r]
         if self._subscriptions:
-            self._own.append(np.ascontiguousarray(command, output.dtype).tobytes())
+            self._own.append(output.wire(command))
         output.publish(command)
 
     def check(self) -> list[str]:
@@ -94,8 +97,9 @@ class RivalWatch:
     def _listen(self, on: bool) -> None:
         if on and not self._subscriptions:
             self._subscriptions = [
-                self._node.create_subscription(output.message_type, output.topic_name,
-                                               self._heard, self._qos)
+                self._node.create_subscription(
+                    output.message_type, output.topic_name,
+                    lambda msg, output=output: self._heard(output.received(msg)), self._qos)
                 for output in self._outputs
             ]
         elif not on and self._subscriptions:
@@ -104,8 +108,7 @@ class RivalWatch:
             self._subscriptions = []
             self._own.clear()
 
-    def _heard(self, msg: Any) -> None:
-        payload = bytes(memoryview(msg.data))
+    def _heard(self, payload: bytes) -> None:
         if payload in self._own:
             self._own.remove(payload)
         else:

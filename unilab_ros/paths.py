@@ -30,3 +30,17 @@ def config_file(name: str) -> Path:
     if not path.is_file():
         raise FileNotFoundError(f"no config file {name} in {path.parent}")
     return path
+
+
+def robot_spec_file(name: str) -> Path:
+    """The robot spec ``name``: a YAML file, or a shipped spec's name (``cartpole`` is
+    config/robot_specs/cartpole.yaml)."""
+    path = Path(name).expanduser()
+    if path.is_file():
+        return path
+    shipped = package_share() / "config" / "robot_specs"
+    if path.suffix == "" and len(path.parts) == 1 and (shipped / f"{name}.yaml").is_file():
+        return shipped / f"{name}.yaml"
+    names = sorted(p.stem for p in shipped.glob("*.yaml"))
+    raise FileNotFoundError(f"robot_spec {name!r} is neither a file nor a shipped spec "
+                            f"({', '.join(names)})")

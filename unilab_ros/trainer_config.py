@@ -63,6 +63,12 @@ class TrainerNodeConfig:
     into one rollout; a robot that stalls is left out until it comes back. Empty: one
     robot on the trainer's own topics."""
 
+    robot_spec: str = ""
+    """A robot that speaks standard messages (joint states, IMU, odometry; joint commands
+    to a ros2_control controller): a robot spec file, or a shipped spec's name (config/
+    robot_specs). Its sources replace the topic contract; obs_dim, action_dim and the
+    action mapping come from it. Empty: the topic contract."""
+
     wait_report_period: float = 5.0
     """Seconds between the log lines that say, while no observation has come yet, which
     topics the trainer waits on."""

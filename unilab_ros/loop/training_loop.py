@@ -24,8 +24,6 @@ steady clock in seconds, ``stamp`` a message's reception time in ns.
 
 from __future__ import annotations
 
-from enum import Enum
-
 import numpy as np
 
 from unilab_ros.loop.action_safety import ActionGuard, ActionSafetyConfig
@@ -41,7 +39,8 @@ from unilab_ros.loop.decisions import (
     StepDropped,
 )
 from unilab_ros.loop.robot import Robot
-from unilab_ros.loop.stepper import SegmentStart, StepSync, Transition
+from unilab_ros.loop.states import COUNTERS, FLEET_COUNTERS, Phase
+from unilab_ros.loop.stepper import SegmentStart, StepSource, StepSync, Transition
 from unilab_ros.loop.watchdog import Watchdog, WatchdogConfig
 from unilab_ros.rl.actions import ActionMapper
 from unilab_ros.rl.agent import PPOAgent, StepOfEnvs
@@ -49,31 +48,6 @@ from unilab_ros.rl.best import BestPolicy
 from unilab_ros.rl.checkpoint import all_finite
 from unilab_ros.rl.episodes import EpisodeStats
 from unilab_ros.rl.lanes import LaneRollout
-
-COUNTERS = (
-    "rejected_observations",
-    "rejected_rewards",
-    "rejected_dones",
-    "discarded_during_update",
-    "watchdog_trips",
-    "safe_actions_published",
-    "nonfinite_actions",
-    "save_failures",
-    "save_requests_refused",
-    "estops",
-    "guarded_actions",
-)
-"""The trainer's counters besides the step sources', in their reporting order."""
-FLEET_COUNTERS = ("robot_stalls", "robot_rejoins")
-"""A fleet's counters besides those."""
-
-
-class Phase(str, Enum):
-    WAITING = "waiting_for_observation"
-    COLLECTING = "collecting"
-    EPISODE_END = "waiting_for_episode_end"
-    UPDATING = "updating"
-    FINISHED = "finished"
 
 
 class TrainingLoop:
@@ -89,9 +63,12 @@ class TrainingLoop:
         best: BestPolicy | None = None,
         watchdog: WatchdogConfig | None = None,
         safety: ActionSafetyConfig | None = None,
+        sources: list[StepSource] | None = None,
     ) -> None:
         """``robots``: a fleet's namespaces (none: one robot on the trainer's own topics);
-        ``actions`` maps one robot's rows (``num_envs`` = the agent's / robots)."""
+        ``actions`` maps one robot's rows (``num_envs`` = the agent's / robots);
+        ``sources``: each robot's step source (none: the topic contract's ``StepSync``),
+        whose events the caller hands to ``on_step``."""
         cfg.validate()
         self.fleet = bool(robots)
         names = list(robots) if robots else [""]
@@ -106,9 +83,11 @@ class TrainingLoop:
         self.stats = stats or EpisodeStats(agent.cfg.num_envs)
         self.best = best
         self.counters = Counters(COUNTERS + (FLEET_COUNTERS if self.fleet else ()))
+        if sources is not None and len(sources) != len(names):
+            raise ValueError(f"{len(sources)} step sources for {len(names)} robots")
         self.robots = [
             Robot(name, np.arange(r * per_robot, (r + 1) * per_robot),
-                  StepSync(cfg.step_timeout),
+                  sources[r] if sources is not None else StepSync(cfg.step_timeout),
                   ActionGuard(safety or ActionSafetyConfig(), actions.safe),
                   Watchdog(watchdog or WatchdogConfig()))
             for r, name in enumerate(names)
@@ -201,6 +180,30 @@ class TrainingLoop:
             case Transition() as step:
                 return self._complete(r, step, now)
         return []
+
+    def on_step(
+        self, r: int, event: SegmentStart | Transition | None, now: float, steady: float
+    ) -> list[Decision]:
+        """A tick of robot ``r``'s clocked step source (a robot spec's): ``event`` as
+        ``step`` takes it, or None (stale data, or waiting for a reset or fresh data). The
+        source judges its data itself: a tick is the watchdog's sign of life, which trips
+        only when ticks stop (a stopped clock). No ``latest_obs`` is kept: a free-running
+        robot has moved on after an update or a dropped step; the next tick starts anew."""
+        robot = self.robots[r]
+        robot.watchdog.observed(steady)
+        if event is None:
+            return []
+        robot.heard = now
+        if self.phase is Phase.WAITING:
+            self.phase = Phase.COLLECTING
+        if not self._collecting():
+            return []
+        return self.step(r, event, now)
+
+    def hold(self, r: int) -> np.ndarray:
+        """Robot ``r`` is sent the safe action (its data are stale, an update runs, it is
+        reset): the command; the policy blends in again from it."""
+        return self.robots[r].guard.hold()
 
     def _collecting(self) -> bool:
         """True while steps are taken; a valid message that arrives during an update

@@ -62,6 +62,9 @@ class PolicyBundle:
     """One name per action element, or none."""
     source: dict[str, Any] = field(default_factory=dict)
     """Where it came from: checkpoint file name, iteration, env steps, training versions."""
+    robot: dict[str, Any] = field(default_factory=dict)
+    """The robot spec it was trained on and its observation layout (``robot.payload``,
+    JSON-ready); empty: the topic contract."""
 
     def __post_init__(self) -> None:
         for name, labels, size in (
@@ -119,6 +122,7 @@ def bundle_from_checkpoint(
         seed=checkpoint.agent_cfg.seed,
         obs_labels=list(obs_labels or []),
         action_labels=list(action_labels or []),
+        robot=dict(checkpoint.extra.get("robot") or {}),
         source={
             "file": checkpoint.path.name,
             "kind": checkpoint.kind,
@@ -129,7 +133,9 @@ def bundle_from_checkpoint(
     )
 
 
-def bundle_from_agent(agent: PPOAgent, actions: ActionConfig, source: str) -> PolicyBundle:
+def bundle_from_agent(
+    agent: PPOAgent, actions: ActionConfig, source: str, robot: dict[str, Any] | None = None
+) -> PolicyBundle:
     """The current policy of a training session (e.g. the trainer's ~/export_bundle)."""
     return PolicyBundle(
         obs_dim=agent.cfg.obs_dim,
@@ -138,6 +144,7 @@ def bundle_from_agent(agent: PPOAgent, actions: ActionConfig, source: str) -> Po
         actions=actions,
         arrays=_policy_arrays(agent.model.parameters()),
         seed=agent.cfg.seed,
+        robot=dict(robot or {}),
         source={
             "file": source,
             "kind": "training",
@@ -176,6 +183,7 @@ def save_bundle(path: str | os.PathLike[str], bundle: PolicyBundle) -> Path:
         },
         "seed": bundle.seed,
         "source": bundle.source,
+        "robot": bundle.robot,
         "versions": package_versions(),
     }
     path = Path(path)
@@ -217,6 +225,8 @@ def _parse(path: Path, arrays: dict[str, mx.array], header: dict[str, str]) -> P
             obs_labels=[str(label) for label in meta["obs_labels"]],
             action_labels=[str(label) for label in meta["action_labels"]],
             source=dict(meta["source"]),
+            # Written before bundles carried a robot spec: the topic contract.
+            robot=dict(meta.get("robot") or {}),
         )
         bundle.model_cfg.validate()
     except BundleError as error:

@@ -17,6 +17,7 @@ Needs ``onnx`` (requirements-deploy.txt); running the graph needs ``onnxruntime`
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from collections.abc import Callable
@@ -144,9 +145,11 @@ def actor_graph(bundle: PolicyBundle) -> onnx.ModelProto:
     )
     onnx_model.ir_version = IR_VERSION
     labels = {"obs_labels": bundle.obs_labels, "action_labels": bundle.action_labels}
-    helper.set_model_props(
-        onnx_model, {name: ",".join(value) for name, value in labels.items() if value}
-    )
+    props = {name: ",".join(value) for name, value in labels.items() if value}
+    # A robot spec's policy: the spec, and each input slice (term, joints, clip, scale,
+    # history), so a C++ runtime can build the observation the training built.
+    props.update({f"robot_{name}": json.dumps(value) for name, value in bundle.robot.items()})
+    helper.set_model_props(onnx_model, props)
     onnx.checker.check_model(onnx_model, full_check=True)
     return onnx_model
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from unilab_ros.rl.actions import ActionConfig
 from unilab_ros.robot.spec import RobotSpec
 
 
@@ -51,3 +52,13 @@ class JointCommands:
         with np.errstate(divide="ignore", invalid="ignore"):
             return np.where(self.scale != 0.0, (np.asarray(command) - self.offset)
                             / self.scale, 0.0)
+
+    def action_config(self) -> ActionConfig:
+        """The training loop's action mapping in policy units: scale 1, the joint limits
+        and the safe command as actions (the guard's rate limit and smoothing act in these
+        units too); ``__call__`` then makes joint commands of what the loop sends."""
+        ends = np.sort(np.stack([self.policy_units(self.low), self.policy_units(self.high)]),
+                       axis=0)
+        return ActionConfig(action_scale=[1.0] * self.dim, action_low=ends[0].tolist(),
+                            action_high=ends[1].tolist(),
+                            safe_action=self.policy_units(self.safe).tolist())

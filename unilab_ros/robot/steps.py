@@ -187,7 +187,10 @@ class RobotSteps:
     def action_sent(self, obs: np.ndarray, action: np.ndarray, obs_stamp: int,
                     now: float) -> None:
         """The loop acted on ``obs`` with ``action`` (policy units): the next fresh tick
-        completes the step."""
+        completes the step. After a done nothing is outstanding (the caller sends the safe
+        action instead, and the next episode starts a segment of its own)."""
+        if self.needs_reset:
+            return
         self._pending = _Pending(obs, action,
                                  Deadline(now, STEP_DEADLINE_PERIODS * self.spec.dt))
         self._previous_action = self._action

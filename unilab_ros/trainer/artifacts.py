@@ -41,13 +41,16 @@ class RunArtifacts:
     def __init__(
         self, folder: Path, agent: PPOAgent, actions: ActionConfig, counters: Counters,
         tensorboard: bool, log: Log, run_folder: bool = False,
+        robot: dict[str, Any] | None = None,
     ) -> None:
         """``run_folder``: ``folder`` is a new run's (``output_folder``), which ``latest``
-        points to once the run wrote a metrics row or a checkpoint there."""
+        points to once the run wrote a metrics row or a checkpoint there; ``robot``: the
+        robot spec's payload (``robot.payload``) every checkpoint and bundle carries."""
         self.folder = folder
         self._unlinked = run_folder
         self._agent = agent
         self._actions = actions
+        self._robot = robot or {}
         self._counters = counters
         self._log = log
         self.last_save_error = ""
@@ -63,7 +66,8 @@ class RunArtifacts:
     def save(self, reason: str, status: dict[str, Any], stats: EpisodeStats) -> Path | None:
         """Write the training checkpoint (and ``latest``); returns the iteration's file,
         or None when the disk refused."""
-        extra = {"reason": reason, "node": status, "episodes": stats.state()}
+        extra = {"reason": reason, "node": status, "episodes": stats.state(),
+                 "robot": self._robot}
         path = self.folder / f"checkpoint_{self._agent.iteration:06d}.safetensors"
         if not self._write(path, extra, f"checkpoint ({reason})"):
             return None
@@ -75,7 +79,7 @@ class RunArtifacts:
     def save_best(self, best: BestPolicy, status: dict[str, Any]) -> Path | None:
         """Keep the new best policy as ``best.safetensors`` (a training checkpoint)."""
         extra = {"reason": "best", "best_mean_return": best.mean_return,
-                 "best_min_episodes": best.min_episodes, "node": status}
+                 "best_min_episodes": best.min_episodes, "node": status, "robot": self._robot}
         path = self.folder / "best.safetensors"
         if not self._write(path, extra, "best policy"):
             return None
@@ -106,7 +110,7 @@ class RunArtifacts:
         """The current policy as ``bundle_<iteration>.safetensors``; raises BundleError,
         OSError or RuntimeError (MLX's full disk) when it cannot be written."""
         name = f"bundle_{self._agent.iteration:06d}.safetensors"
-        bundle = bundle_from_agent(self._agent, self._actions, source)
+        bundle = bundle_from_agent(self._agent, self._actions, source, self._robot)
         return save_bundle(self.folder / name, bundle)
 
     def _write(self, path: Path, extra: dict[str, Any], what: str) -> bool:

@@ -75,6 +75,9 @@ class RobotInput:
     """Robot ``r``'s ``observation``, ``reward`` and ``done`` under ``prefix``: each valid
     message goes to the loop, and ``carry_out`` gets the loop's decisions."""
 
+    holding = False
+    """The policy's actions go out (a spec robot may hold the safe action instead)."""
+
     def __init__(
         self, node: Node, loop: TrainingLoop, r: int, prefix: str, arrival_ordered: bool,
         qos: QoSProfile, limits: tuple[float, float],

@@ -11,11 +11,9 @@ and serves the services and parameters. The run's files are ``artifacts``', the 
 
 from __future__ import annotations
 
-import functools
 import json
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,8 +26,8 @@ from rclpy.qos import QoSProfile
 from std_msgs.msg import Bool, String
 
 from unilab_ros.action_output import ActionOutput, ActionOutputConfig
-from unilab_ros.executors import run_node
-from unilab_ros.graph_checks import RivalWatch
+from unilab_ros.executors import run_node, while_ros_runs
+from unilab_ros.graph_checks import CommandOutput, RivalWatch
 from unilab_ros.loop.decisions import (
     BeginUpdate,
     Decision,
@@ -47,6 +45,8 @@ from unilab_ros.rl import PPOAgent, heap
 from unilab_ros.rl.blas import blas_description
 from unilab_ros.rl.checkpoint import CheckpointError
 from unilab_ros.rl.episodes import EpisodeStats
+from unilab_ros.robot.payload import robot_payload
+from unilab_ros.robot.spec import SpecError
 from unilab_ros.sim_pause import SimPause
 from unilab_ros.trainer import reports
 from unilab_ros.trainer.artifacts import RunArtifacts, output_folder
@@ -55,6 +55,7 @@ from unilab_ros.trainer.parameters import LiveParameters, read_parameters
 from unilab_ros.trainer.services import TrainerServices
 from unilab_ros.trainer.session import build_session
 from unilab_ros.trainer.simulators import Simulators
+from unilab_ros.trainer.spec_robot import SpecRobot, robot_spec_session, robot_status
 
 NODE_NAME = "unilab_trainer"
 _WARN_PERIOD = 5.0
@@ -66,24 +67,12 @@ run (exit 2). Later it is the one that was there first: it stops acting until th
 is gone."""
 
 
-def _while_ros_runs(method: Callable[..., None]) -> Callable[..., None]:
-    """Skip a callback once ROS is shut down (a signal): the executor may still run
-    queued ones, and their publishing would fail with an invalid context."""
-
-    @functools.wraps(method)
-    def guarded(self: Node, *args: Any) -> None:
-        if self.context.ok():
-            method(self, *args)
-
-    return guarded
-
-
 @dataclass(frozen=True)
 class _RobotIO:
     """A robot's messages in, actions out and simulator services."""
 
-    input: RobotInput
-    action_out: ActionOutput
+    input: RobotInput | SpecRobot
+    action_out: CommandOutput
     sim: SimPause
 
 
@@ -105,8 +94,9 @@ class TrainerNode(Node):
         self._first_action = True
         self.cfg, session_cfg, output_cfg = read_parameters(self)
         try:
+            session_cfg, spec_notes = robot_spec_session(self.cfg.robot_spec, session_cfg)
             session = build_session(session_cfg)
-        except (ValueError, CheckpointError) as error:
+        except (ValueError, CheckpointError, SpecError, FileNotFoundError) as error:
             raise ConfigError(str(error)) from None
         if session.warm_up_seconds is not None:
             self.get_logger().info(
@@ -116,11 +106,12 @@ class TrainerNode(Node):
             )
         if session_cfg.fine_tune.init_from:
             self.get_logger().info(f"fine-tuning from {session_cfg.fine_tune.init_from}")
-        for note in session.notes:
+        for note in spec_notes + session.notes:
             self.get_logger().warning(note)
         self.loop: TrainingLoop = session.loop
         self.num_envs, self.obs_dim = self.loop.actions.safe.shape[0], session_cfg.agent.obs_dim
         self.watchdog_cfg = session_cfg.watchdog
+        self.spec = session_cfg.robot_spec
         self.report = reports.IterationReport(self.loop)
         try:
             folder, run_folder = output_folder(self.cfg.checkpoint_dir, self.cfg.runs_root,
@@ -130,7 +121,7 @@ class TrainerNode(Node):
                               f"{error}") from None
         self.artifacts = RunArtifacts(
             folder, self.agent, session_cfg.actions, self.loop.counters, self.cfg.tensorboard,
-            self._log_line, run_folder,
+            self._log_line, run_folder, robot_payload(self.spec),
         )
         self._connect_all(arrival_ordered, output_cfg, session_cfg.loop.step_timeout)
         self.get_logger().info(
@@ -186,10 +177,17 @@ class TrainerNode(Node):
             return service if not service or service.startswith("/") else prefix + service
 
         limits = (self.cfg.observation_limit, self.cfg.reward_limit)
+        if self.spec is not None:
+            robot = SpecRobot(self, self.loop, r, self.spec, prefix, qos, self._carry_out,
+                              self._publish_safe_action, self.cfg.service_timeout)
+            messages, output = robot, robot.output
+        else:
+            messages = RobotInput(self, self.loop, r, prefix, arrival_ordered, qos, limits,
+                                  self._carry_out)
+            output = ActionOutput(self, output_cfg, qos, prefix + "action")
         return _RobotIO(
-            RobotInput(self, self.loop, r, prefix, arrival_ordered, qos, limits,
-                       self._carry_out),
-            ActionOutput(self, output_cfg, qos, prefix + "action"),
+            messages,
+            output,
             SimPause(
                 self,
                 scoped(self.cfg.pause_service),
@@ -221,7 +219,7 @@ class TrainerNode(Node):
 
     # Decisions.
 
-    @_while_ros_runs
+    @while_ros_runs
     def _on_estop(self, msg: Bool) -> None:
         engaged = bool(msg.data)
         if engaged != self.loop.estop:
@@ -280,10 +278,11 @@ class TrainerNode(Node):
                    else ""),
                 throttle_duration_sec=_WARN_PERIOD,
             )
-        self._publish(decision.robot, decision.command)
+        if not self._robots[decision.robot].input.holding:
+            self._publish(decision.robot, decision.command)
 
     def _publish_safe_action(self, r: int) -> None:
-        if self._publish(r, self.loop.actions.safe):
+        if self._publish(r, self.loop.hold(r)):
             self.loop.counters.add("safe_actions_published")
 
     def _publish(self, r: int, command: np.ndarray) -> bool:
@@ -300,11 +299,11 @@ class TrainerNode(Node):
     def _now(self) -> float:
         return self.get_clock().now().nanoseconds * 1e-9
 
-    @_while_ros_runs
+    @while_ros_runs
     def _check_step_deadlines(self) -> None:
         self._carry_out(self.loop.check_step_deadlines(self._now()))
 
-    @_while_ros_runs
+    @while_ros_runs
     def _watchdog(self) -> None:
         self._carry_out(self.loop.check_watchdogs(time.monotonic()))
 
@@ -327,7 +326,7 @@ class TrainerNode(Node):
         if silence.publish_safe:
             self._publish_safe_action(silence.robot)
 
-    @_while_ros_runs
+    @while_ros_runs
     def _report_waiting(self) -> None:
         """Before the first observation, say which topics the trainer waits on (resolved,
         so a wrong namespace or remap shows) and how many publishers each has."""
@@ -397,9 +396,12 @@ class TrainerNode(Node):
             sim_service_failures=self._simulators.calls_failed,
             metrics_log_failures=self.artifacts.metrics.failures,
             last_save_error=self.artifacts.last_save_error,
+            **({"robots": robot_status([robot.input for robot in self._robots],
+                                       self.cfg.robots or [""], self._now())}
+               if self.spec is not None else {}),
         )
 
-    @_while_ros_runs
+    @while_ros_runs
     def _publish_status(self) -> None:
         self._check_rivals()
         self._status_pub.publish(String(data=json.dumps(self.status())))

@@ -7,7 +7,9 @@ and update through the same objects made the same way.
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
+
+import numpy as np
 
 from unilab_ros.loop.action_safety import ActionSafetyConfig
 from unilab_ros.loop.config import LoopConfig
@@ -22,6 +24,10 @@ from unilab_ros.rl.finetune import FineTuneConfig, make_agent
 from unilab_ros.rl.model import ModelConfig
 from unilab_ros.rl.ppo_config import PPOConfig
 from unilab_ros.rl.ppo_runtime import PPORuntimeConfig
+from unilab_ros.robot.actions import JointCommands
+from unilab_ros.robot.observation import ObservationBuilder
+from unilab_ros.robot.spec_types import RobotSpec
+from unilab_ros.robot.steps import RobotSteps
 
 _LOG = logging.getLogger(__name__)
 
@@ -48,6 +54,33 @@ class SessionConfig:
     """Run one throwaway update first, so MLX compiles before the first action."""
     best_min_episodes: int = 100
     """The episode window of the best policy (``BestPolicy``)."""
+    robot_spec: RobotSpec | None = None
+    """The robot speaks standard messages as this spec says (``with_robot_spec``); each
+    robot's step source is then a ``RobotSteps``."""
+
+
+def with_robot_spec(cfg: SessionConfig, spec: RobotSpec) -> tuple[SessionConfig, list[str]]:
+    """``cfg`` for a robot of ``spec``: the sizes, the action mapping (in policy units,
+    ``JointCommands.action_config``) and the action guard are the spec's. A size given
+    otherwise is an error (ValueError); a mapping or guard given otherwise is replaced, with
+    one note each."""
+    obs_dim, action_dim = ObservationBuilder(spec).dim, len(spec.actions.joints)
+    defaults, given = AgentConfig(), cfg.agent
+    for name, size in (("obs_dim", obs_dim), ("action_dim", action_dim), ("num_envs", 1)):
+        value = getattr(given, name)
+        if value not in (getattr(defaults, name), size):
+            raise ValueError(f"{name} is {value}, but robot spec {spec.name!r} makes it {size} "
+                             "(leave it unset with a robot spec)")
+    notes = [
+        f"{part}.{item.name} given as {getattr(ours, item.name)} is replaced by robot spec "
+        f"{spec.name!r}'s (the spec maps actions to joint commands)"
+        for part, ours, default in (("actions", cfg.actions, ActionConfig()),
+                                    ("guard", cfg.safety, ActionSafetyConfig()))
+        for item in fields(ours) if getattr(ours, item.name) != getattr(default, item.name)
+    ]
+    return replace(cfg, agent=replace(given, obs_dim=obs_dim, action_dim=action_dim, num_envs=1),
+                   actions=JointCommands(spec).action_config(), safety=spec.actions.guard,
+                   robot_spec=spec), notes
 
 
 @dataclass
@@ -94,9 +127,14 @@ def build_session(cfg: SessionConfig, best: BestPolicy | None = None) -> Session
     if checkpoint is not None:
         restore_agent(agent, checkpoint)
         stats.load_state(checkpoint.extra.get("episodes", {}))
+    sources = None
+    if cfg.robot_spec is not None:
+        # Each robot draws its own episodes' commands, reproducibly from the seed.
+        sources = [RobotSteps(cfg.robot_spec, np.random.default_rng([agent_cfg.seed, r]))
+                   for r in range(max(1, len(cfg.robots)))]
     loop = TrainingLoop(
         cfg.loop, agent, actions, cfg.robots, stats,
         best or BestPolicy(cfg.best_min_episodes),
-        cfg.watchdog, cfg.safety,
+        cfg.watchdog, cfg.safety, sources,
     )
     return Session(loop, notes, warm_up_seconds)

@@ -1,0 +1,79 @@
+"""Train a MuJoCo robot through standard ROS 2 messages only: the robot node, free-running
+on sim time, and the trainer reading the robot spec.
+
+    ros2 launch unilab_ros robot_train.launch.py robot:=cartpole real_time_factor:=4.0
+
+`robot` picks the robot node's `config/robots/<robot>.yaml` and the trainer's
+`config/robot_train/<robot>.yaml`, which names the spec `config/robot_specs/<robot>.yaml`
+(cartpole, reacher, quadruped). The trainer subscribes the robot's `joint_states` (and
+`imu`, `odom`, site poses as the spec says), acts at the spec's control rate on sim time,
+commands the robot's controller topic and resets it through its `reset` service. The
+launch ends when the trainer does (max_iterations, or a failure: then with an error).
+"""
+
+from pathlib import Path
+
+from launch import LaunchDescription
+from launch.actions import DeclareLaunchArgument, OpaqueFunction
+from launch.launch_context import LaunchContext
+from launch.substitutions import LaunchConfiguration
+from launch_ros.actions import Node
+from launch_ros.parameter_descriptions import ParameterValue
+from launch_ros.substitutions import FindPackageShare
+
+from unilab_ros.launch_support import ends_the_launch
+
+
+def _nodes(context: LaunchContext) -> list:
+    share = Path(FindPackageShare('unilab_ros').perform(context)) / 'config'
+    robot = LaunchConfiguration('robot').perform(context)
+    robot_file = share / 'robots' / f'{robot}.yaml'
+    trainer_file = LaunchConfiguration('params_file').perform(context) \
+        or str(share / 'robot_train' / f'{robot}.yaml')
+    for path in (robot_file, Path(trainer_file)):
+        if not path.is_file():
+            shipped = sorted(p.stem for p in (share / 'robot_train').glob('*.yaml'))
+            raise FileNotFoundError(f'{path} does not exist (robot:= one of {shipped})')
+    log_level = LaunchConfiguration('log_level')
+    robot_node = Node(
+        package='unilab_ros', executable='mujoco_robot_node', name='mujoco_robot',
+        output='screen', ros_arguments=['--log-level', log_level],
+        parameters=[str(robot_file), {
+            'real_time_factor': ParameterValue(LaunchConfiguration('real_time_factor'),
+                                               value_type=float)}])
+    overrides = {'use_sim_time': True}
+    for name, kind in (('seed', int), ('max_iterations', int), ('checkpoint_dir', str)):
+        value = LaunchConfiguration(name).perform(context)
+        if value:
+            overrides[name] = ParameterValue(value, value_type=kind)
+    trainer = Node(
+        package='unilab_ros', executable='trainer_node', name='unilab_trainer',
+        output='screen', ros_arguments=['--log-level', log_level],
+        parameters=[trainer_file, overrides])
+    return [robot_node, trainer, ends_the_launch(robot_node, 'mujoco_robot'),
+            ends_the_launch(trainer, 'unilab_trainer')]
+
+
+def generate_launch_description() -> LaunchDescription:
+    arguments = [
+        DeclareLaunchArgument(
+            'robot', default_value='cartpole',
+            description='Shipped robot and task: cartpole, reacher or quadruped'),
+        DeclareLaunchArgument(
+            'real_time_factor', default_value='1.0',
+            description='Sim seconds per wall second of the robot (0.0: as fast as it can)'),
+        DeclareLaunchArgument(
+            'params_file', default_value='',
+            description='Trainer YAML; empty: config/robot_train/<robot>.yaml'),
+        DeclareLaunchArgument('seed', default_value='', description='Trainer seed'),
+        DeclareLaunchArgument('max_iterations', default_value='',
+                              description='PPO iterations before the trainer stops'),
+        DeclareLaunchArgument(
+            'checkpoint_dir', default_value='',
+            description='Trainer output folder; empty: runs/default/<time>-<pid>/'),
+        DeclareLaunchArgument(
+            'log_level', default_value='info',
+            choices=['debug', 'info', 'warn', 'error', 'fatal'],
+            description='Log level of both nodes'),
+    ]
+    return LaunchDescription([*arguments, OpaqueFunction(function=_nodes)])

@@ -1,0 +1,267 @@
+"""The ROS side of a robot spec's robot, shared by the trainer and the policy node.
+
+``RobotLink`` subscribes every source of the spec (decoded by ``ros_robot_io``; a broken
+message is logged, throttled, counted and dropped), runs the control timer at the spec's
+rate on the node clock (sim time under use_sim_time) and hands each tick's time to its
+owner, resets the robot after an episode (the spec's reset service, or the operator's
+``~/ready``) and measures each source's age and the timer's period jitter for ``~/status``.
+``JointCommandOutput`` publishes the loop's commands (policy units) as the spec's joint
+commands. The step logic itself is ``robot.steps.RobotSteps``, ROS-free.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from rclpy.lifecycle import LifecycleNode
+from rclpy.node import Node
+from rclpy.qos import QoSProfile
+from std_srvs.srv import Empty, Trigger
+from trajectory_msgs.msg import JointTrajectory
+
+from unilab_ros.loop.counters import Counters
+from unilab_ros.messages import MessageError
+from unilab_ros.qos import overridable
+from unilab_ros.robot.actions import JointCommands
+from unilab_ros.robot.spec_types import RobotSpec
+from unilab_ros.robot.steps import RobotSteps
+from unilab_ros.ros_robot_io import command_message, command_message_type, message_type, to_sample
+
+WARN_PERIOD = 5.0
+"""Seconds between repeats of one kind of warning."""
+JITTER_WINDOW = 2000
+"""Control periods the jitter percentiles are taken over."""
+LINK_COUNTERS = ("rejected_messages", "joint_mismatches", "reset_calls", "reset_failures",
+                 "operator_resets")
+
+
+class JointCommandOutput:
+    """Publishes commands in policy units (the loop's, one row) as the spec's joint commands;
+    the output interface ``graph_checks.RivalWatch`` publishes through."""
+
+    def __init__(self, node: Node, spec: RobotSpec, qos: QoSProfile, topic: str) -> None:
+        self.spec = spec
+        self.joints = JointCommands(spec)
+        self.message_type = command_message_type(spec)
+        self._node = node
+        self._lifecycle = isinstance(node, LifecycleNode)
+        create = node.create_lifecycle_publisher if self._lifecycle else node.create_publisher
+        self._publisher = create(self.message_type, topic, qos,
+                                 qos_overriding_options=overridable())
+
+    @property
+    def topic_name(self) -> str:
+        return self._publisher.topic_name
+
+    def wire(self, command: np.ndarray) -> bytes:
+        """The joint values ``publish`` sends for ``command``, as bytes (to tell one's own
+        commands from a rival's)."""
+        return self.joints(command).tobytes()
+
+    def received(self, msg: Any) -> bytes:
+        """The joint values of a command message heard on the topic, as bytes."""
+        if isinstance(msg, JointTrajectory):
+            point = msg.points[0] if msg.points else None
+            field = {"position": "positions", "velocity": "velocities", "effort": "effort"}
+            values = getattr(point, field[self.joints.interface]) if point else []
+            return np.asarray(values, np.float64).tobytes()
+        return np.asarray(msg.data, np.float64).tobytes()
+
+    def publish(self, command: np.ndarray) -> None:
+        self._publisher.publish(command_message(self.spec, self.joints(command)))
+
+    def destroy(self) -> None:
+        if self._lifecycle:
+            self._node.destroy_lifecycle_publisher(self._publisher)
+        else:
+            self._node.destroy_publisher(self._publisher)
+
+
+class PeriodJitter:
+    """How far each control period on the node clock lies from the spec's."""
+
+    def __init__(self, period: float) -> None:
+        self.period = period
+        self._last: float | None = None
+        self._errors: deque[float] = deque(maxlen=JITTER_WINDOW)
+
+    def tick(self, now: float) -> None:
+        if self._last is not None and now > self._last:
+            self._errors.append(abs(now - self._last - self.period))
+        # A clock that went back (sim time restarted) starts the measurement over.
+        self._last = now
+
+    def restart(self) -> None:
+        """Forget the last tick (the timer paused for an update: that gap is no jitter)."""
+        self._last = None
+
+    def summary(self) -> dict[str, float | None]:
+        """p50, p99 and max of |period - spec period| in ms (None before two ticks)."""
+        if not self._errors:
+            return {"p50_ms": None, "p99_ms": None, "max_ms": None}
+        errors = np.fromiter(self._errors, float) * 1e3
+        p50, p99 = np.percentile(errors, [50, 99])
+        return {"p50_ms": round(float(p50), 4), "p99_ms": round(float(p99), 4),
+                "max_ms": round(float(errors.max()), 4)}
+
+
+class RobotLink:
+    """One spec robot's sources, control timer and reset, under namespace ``prefix``.
+
+    ``on_tick(now)`` runs at the control rate; ``steps`` (the ``RobotSteps``) has the data.
+    """
+
+    def __init__(
+        self, node: Node, spec: RobotSpec, steps: RobotSteps, prefix: str, qos: QoSProfile,
+        on_tick: Callable[[float], None], service_timeout: float = 2.0,
+    ) -> None:
+        self.node = node
+        self.spec = spec
+        self.steps = steps
+        self.counters = Counters(LINK_COUNTERS)
+        self.jitter = PeriodJitter(spec.dt)
+        self._on_tick = on_tick
+        self._service_timeout = service_timeout
+        self.joint_error = ""
+        """Why the robot's joints do not fit the spec (empty: they do, or none heard)."""
+        self._heard: set[str] = set()
+        advertised = dict(node.get_topic_names_and_types())
+        self.subscriptions = []
+        for source in spec.sources:
+            topic = node.resolve_topic_name(prefix + source.topic)
+            msg_type = message_type(source.type, advertised.get(topic, ()))
+            self.subscriptions.append(node.create_subscription(
+                msg_type, prefix + source.topic,
+                lambda msg, name=source.name, kind=source.type: self._on_message(name, kind,
+                                                                                 msg),
+                qos, qos_overriding_options=overridable()))
+        self._reset_client = None
+        self._reset_future: Any = None
+        self._reset_sent = 0.0
+        self._ready_service = None
+        self._announced = False
+        if spec.reset.mode == "service":
+            service = spec.reset.service
+            name = service if service.startswith("/") else prefix + service
+            self._reset_client = node.create_client(Empty, name)
+        else:
+            name = f"~/{prefix}ready"
+            self._ready_service = node.create_service(Trigger, name, self._on_ready)
+        self.timer = node.create_timer(spec.dt, self._tick)
+
+    def _now(self) -> float:
+        return self.node.get_clock().now().nanoseconds * 1e-9
+
+    def _tick(self) -> None:
+        if not self.node.context.ok():
+            return
+        now = self._now()
+        self.jitter.tick(now)
+        self._on_tick(now)
+
+    def _on_message(self, name: str, kind: str, msg: Any) -> None:
+        now = self._now()
+        try:
+            self.steps.on_sample(name, to_sample(kind, msg, now), now)
+        except MessageError as error:
+            self.counters.add("rejected_messages")
+            self.node.get_logger().warning(f"source {name!r}: rejected message: {error.reason}",
+                                           throttle_duration_sec=WARN_PERIOD)
+            return
+        except ValueError as error:
+            self.counters.add("joint_mismatches")
+            first = not self.joint_error
+            self.joint_error = f"source {name!r}: {error}"
+            if first:
+                self.node.get_logger().error(
+                    f"{self.joint_error} (the spec's joints are matched by name)")
+            return
+        self.joint_error = ""
+        self._heard.add(name)
+
+    @property
+    def heard_all(self) -> bool:
+        """Every source delivered a valid sample at least once."""
+        return len(self._heard) == len(self.spec.sources)
+
+    def reset_robot(self) -> None:
+        """Start the robot's next episode after a done (call on every tick until it
+        started): the reset service, or the operator's ``~/ready``."""
+        if self._reset_client is None:
+            if not self._announced:
+                self._announced = True
+                self.node.get_logger().warning(
+                    f"episode over ({', '.join(self.steps.fired) or 'stale data'}): holding "
+                    f"the safe action; call {self._ready_service.srv_name} (std_srvs/Trigger) "
+                    "when the robot is ready")
+            return
+        future = self._reset_future
+        if future is not None and not future.done():
+            if time.monotonic() - self._reset_sent < self._service_timeout:
+                return
+            future.cancel()
+            self.counters.add("reset_failures")
+            self.node.get_logger().warning(
+                f"reset service {self._reset_client.srv_name} did not answer within "
+                f"{self._service_timeout} s: calling it again", throttle_duration_sec=WARN_PERIOD)
+        if not self._reset_client.service_is_ready():
+            self.node.get_logger().warning(
+                f"episode over: waiting for reset service {self._reset_client.srv_name} "
+                "(std_srvs/Empty), holding the safe action", throttle_duration_sec=WARN_PERIOD)
+            return
+        self.counters.add("reset_calls")
+        self._reset_sent = time.monotonic()
+        self._reset_future = self._reset_client.call_async(Empty.Request())
+        self._reset_future.add_done_callback(self._reset_done)
+
+    def _reset_done(self, future: Any) -> None:
+        if future is not self._reset_future or future.cancelled():
+            return
+        self._reset_future = None
+        if future.exception() is not None:
+            self.counters.add("reset_failures")
+            return
+        self.steps.start_episode(self._now())
+
+    def _on_ready(self, _request: Trigger.Request, response: Trigger.Response
+                  ) -> Trigger.Response:
+        if not self.steps.needs_reset:
+            response.success, response.message = False, "no episode has ended"
+            return response
+        self.counters.add("operator_resets")
+        self._announced = False
+        self.steps.start_episode(self._now())
+        response.success = True
+        response.message = "episode started: the policy acts on fresh data"
+        return response
+
+    def status(self, now: float) -> dict[str, Any]:
+        """Source ages (s), stale and awaited sources, jitter and counters, for ~/status."""
+        return {
+            "ages": {name: None if math.isinf(age) else round(age, 4)
+                     for name, age in self.steps.ages(now).items()},
+            "stale": sorted(self.steps.stale),
+            "waiting_for": list(self.steps.waiting),
+            "needs_reset": self.steps.needs_reset,
+            "episode_step": self.steps.episode_step,
+            "period_jitter": self.jitter.summary(),
+            "joint_error": self.joint_error,
+            **self.steps.counters, **self.counters,
+        }
+
+    def drain(self) -> None:
+        """Nothing queues while an update runs: the newest sample of each source is kept."""
+
+    def destroy(self) -> None:
+        for subscription in self.subscriptions:
+            self.node.destroy_subscription(subscription)
+        self.node.destroy_timer(self.timer)
+        if self._reset_client is not None:
+            self.node.destroy_client(self._reset_client)
+        if self._ready_service is not None:
+            self.node.destroy_service(self._ready_service)

@@ -1,0 +1,89 @@
+"""A robot spec's robot in the trainer: its link (sources, control timer, reset), its joint
+command output, and what each control tick does with the training loop.
+
+Each tick steps the robot's ``RobotSteps`` on the newest data and hands the event to the
+loop (``TrainingLoop.on_step``), whose decisions the node carries out. Stale data, a robot
+waiting for fresh data after a reset, and a finished episode get the safe action on that
+tick; a finished episode then resets the robot (``RobotLink.reset_robot``). Nothing is
+ticked while an update runs: the robot holds the safe action the update began with.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from rclpy.node import Node
+from rclpy.qos import QoSProfile
+
+from unilab_ros.loop.decisions import Decision
+from unilab_ros.loop.training_loop import Phase, TrainingLoop
+from unilab_ros.paths import robot_spec_file
+from unilab_ros.robot.spec import load_spec
+from unilab_ros.robot.spec_types import RobotSpec
+from unilab_ros.robot.steps import RobotSteps
+from unilab_ros.robot_link import WARN_PERIOD, JointCommandOutput, RobotLink
+from unilab_ros.trainer.session import SessionConfig, with_robot_spec
+
+
+def robot_spec_session(name: str, cfg: SessionConfig) -> tuple[SessionConfig, list[str]]:
+    """``cfg`` for the robot spec the ``robot_spec`` parameter names (unchanged for none),
+    and a note per setting the spec replaced; raises SpecError, FileNotFoundError or
+    ValueError with the reason."""
+    if not name:
+        return cfg, []
+    return with_robot_spec(cfg, load_spec(robot_spec_file(name)))
+
+
+def robot_status(robots: list[SpecRobot], names: list[str], now: float) -> dict:
+    """Each spec robot's link status (``RobotLink.status``), by robot name."""
+    return {name or robot.link.spec.name: robot.link.status(now)
+            for name, robot in zip(names, robots, strict=True)}
+
+
+class SpecRobot:
+    """Robot ``r`` of the loop, driven through its spec; ``link`` and ``output`` are its ROS
+    ends."""
+
+    def __init__(
+        self, node: Node, loop: TrainingLoop, r: int, spec: RobotSpec, prefix: str,
+        qos: QoSProfile, carry_out: Callable[[list[Decision]], None],
+        publish_safe: Callable[[int], None], service_timeout: float,
+    ) -> None:
+        steps = loop.robots[r].source
+        if not isinstance(steps, RobotSteps):
+            raise TypeError("a spec robot's step source is a RobotSteps")
+        self._node, self._loop, self._r = node, loop, r
+        self._carry_out, self._publish_safe = carry_out, publish_safe
+        self.steps = steps
+        self.output = JointCommandOutput(node, spec, qos, prefix + spec.actions.topic)
+        self.link = RobotLink(node, spec, steps, prefix, qos, self._tick, service_timeout)
+
+    @property
+    def subscriptions(self) -> list:
+        return self.link.subscriptions
+
+    @property
+    def holding(self) -> bool:
+        """The robot is to get the safe action, not the policy's (its episode is over)."""
+        return self.steps.needs_reset
+
+    def drain(self) -> None:
+        self.link.drain()
+
+    def _tick(self, now: float) -> None:
+        loop, steps = self._loop, self.steps
+        if loop.phase in (Phase.UPDATING, Phase.FINISHED):
+            self.link.jitter.restart()
+            return
+        event = None if self.link.joint_error else steps.tick(now)
+        self._carry_out(loop.on_step(self._r, event, now, time.monotonic()))
+        if steps.stale:
+            ages = ", ".join(f"{name} {age:.3f} s" for name, age in steps.stale.items())
+            self._node.get_logger().warning(
+                f"stale data ({ages} old): the safe action; a step in progress is cut",
+                throttle_duration_sec=WARN_PERIOD)
+        if steps.needs_reset or (event is None and steps.newest):
+            self._publish_safe(self._r)
+        if steps.needs_reset:
+            self.link.reset_robot()
