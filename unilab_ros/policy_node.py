@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -25,6 +25,7 @@ from std_msgs.msg import Bool, Float32MultiArray, String
 from std_srvs.srv import SetBool
 
 from unilab_ros.action_output import ActionOutput, ActionOutputConfig
+from unilab_ros.deploy_robot import DeployedRobot
 from unilab_ros.executors import run_node
 from unilab_ros.graph_checks import RivalWatch
 from unilab_ros.loop.action_safety import ActionGuard, ActionSafetyConfig
@@ -44,6 +45,8 @@ from unilab_ros.rl.actions import ActionConfig, ActionMapper, override_actions
 from unilab_ros.rl.bundle import read_policy
 from unilab_ros.rl.model import MLPActorCritic
 from unilab_ros.rl.policy import PolicySampler
+from unilab_ros.robot.payload import spec_of
+from unilab_ros.robot.spec_types import RobotSpec
 
 NODE_NAME = "unilab_policy"
 
@@ -66,6 +69,12 @@ class PolicyNodeConfig:
     qos_overrides.<topic>.* parameters."""
     observation_limit: float = 1e6
     """Observations with any |value| above this are rejected as bad input."""
+    reset_between_episodes: bool = False
+    """A policy with a robot spec: reset the robot after each episode as the spec says (its
+    reset service, or ~/ready), as in training; false: a time-out starts the next episode
+    at once and a failure holds the safe action until the next activation."""
+    service_timeout: float = 2.0
+    """Seconds to wait for the spec's reset service before calling it again."""
 
     def validate(self) -> None:
         if not self.checkpoint:
@@ -125,17 +134,29 @@ class PolicyNode(LifecycleNode):
             self.actions = ActionMapper(
                 self._action_settings(bundle.actions), self.cfg.num_envs, self.model.action_dim
             )
-            self.guard = ActionGuard(self.safety_cfg, self.actions.safe)
+            spec = spec_of(bundle.robot, self.model.obs_dim, self.model.action_dim)
+            self.guard = ActionGuard(self._safety(spec), self.actions.safe)
         except ValueError as error:
             self.get_logger().error(f"cannot configure: {error}")
             return TransitionCallbackReturn.FAILURE
         self.sampler = PolicySampler(self.model, bundle.seed)
-        self._action_out = ActionOutput(self, self.output_cfg, self._qos)
+        self.robot: DeployedRobot | None = None
+        if spec is not None:
+            self.robot = DeployedRobot(
+                self, spec, self._qos, self.sampler, bundle.seed, self.actions, self.guard,
+                self.cfg.reset_between_episodes, self.cfg.service_timeout,
+                lambda: self.state == "active", self._publish)
+            self.robot.on_tick = lambda: self.watchdog.observed(time.monotonic())
+            self.robot.deterministic = self.cfg.deterministic
+            self._action_out = self.robot.output
+            self._obs_sub = None
+        else:
+            self._action_out = ActionOutput(self, self.output_cfg, self._qos)
+            self._obs_sub = self.create_subscription(
+                Float32MultiArray, "observation", self._on_observation, self._qos,
+                qos_overriding_options=overridable(),
+            )
         self._watch = RivalWatch(self, [self._action_out], listen_for=0.0)
-        self._obs_sub = self.create_subscription(
-            Float32MultiArray, "observation", self._on_observation, self._qos,
-            qos_overriding_options=overridable(),
-        )
         self._watchdog_timer = self.create_timer(
             self.watchdog.period, self._watchdog, clock=self._steady
         )
@@ -146,6 +167,8 @@ class PolicyNode(LifecycleNode):
             f"configured with {self.cfg.checkpoint} ({source.get('kind', 'bundle')} of "
             f"iteration {source.get('iteration', '?')}): obs {self.model.obs_dim} -> action "
             f"{self.model.action_dim}"
+            + (f", robot spec {spec.name!r}: joints {list(spec.actions.joints)} on "
+               f"{self._action_out.topic_name} at {spec.control_rate:g} Hz" if spec else "")
         )
         self.state = "inactive"
         return TransitionCallbackReturn.SUCCESS
@@ -158,8 +181,13 @@ class PolicyNode(LifecycleNode):
                 "over it)"
             )
             return TransitionCallbackReturn.FAILURE
+        if self.robot is not None and self.robot.link.joint_error:
+            self.get_logger().error(f"not activated: {self.robot.link.joint_error}")
+            return TransitionCallbackReturn.FAILURE
         self.guard.hold()
         self.watchdog.reset()
+        if self.robot is not None:
+            self.robot.start()
         self.state = "active"
         self.get_logger().info("active: commanding the robot")
         return super().on_activate(state)
@@ -188,8 +216,11 @@ class PolicyNode(LifecycleNode):
     def _release(self) -> None:
         """Drop what configure made: the publisher, subscription, timer and the policy."""
         self._watch.close()
-        self._action_out.destroy()
-        self.destroy_subscription(self._obs_sub)
+        if self.robot is not None:
+            self.robot.destroy()
+        else:
+            self._action_out.destroy()
+            self.destroy_subscription(self._obs_sub)
         self.destroy_timer(self._watchdog_timer)
         del self.model, self.actions, self.guard, self.sampler
 
@@ -210,6 +241,14 @@ class PolicyNode(LifecycleNode):
         report_config(self, settings)
         return settings
 
+    def _safety(self, spec: RobotSpec | None) -> ActionSafetyConfig:
+        """The guard given to this node; a robot spec's policy keeps its training's guard
+        unless one of the guard's parameters is given here."""
+        if spec is None or set(given_parameters(self)) & {f.name for f in
+                                                          fields(ActionSafetyConfig)}:
+            return self.safety_cfg
+        return spec.actions.guard
+
     def _publish(self, actions: np.ndarray) -> None:
         if not self._rivals:
             self._watch.publish(0, actions)
@@ -229,6 +268,8 @@ class PolicyNode(LifecycleNode):
         if engaged == self.estopped:
             return
         self.estopped = engaged
+        if getattr(self, "robot", None) is not None:
+            self.robot.estopped = engaged
         if engaged:
             self.counters.add("estops")
             self.get_logger().warning("e-stop engaged: holding the safe action")
@@ -286,6 +327,8 @@ class PolicyNode(LifecycleNode):
         for param in params:
             if param.name == "deterministic":
                 self.cfg.deterministic = bool(param.value)
+                if getattr(self, "robot", None) is not None:
+                    self.robot.deterministic = self.cfg.deterministic
                 self.get_logger().info(f"parameter deterministic set to {param.value}")
         return SetParametersResult(successful=True)
 
@@ -293,6 +336,8 @@ class PolicyNode(LifecycleNode):
         if self.state == "active":
             self._check_rivals()
         status = {"state": self.state, "estop": self.estopped, "watchdog": self.watchdog.tripped}
+        if getattr(self, "robot", None) is not None:
+            status["robot"] = self.robot.status()
         self._status_pub.publish(String(data=json.dumps({**status, **self.counters})))
 
 

@@ -154,18 +154,18 @@ class RobotLink:
             self._ready_service = node.create_service(Trigger, name, self._on_ready)
         self.timer = node.create_timer(spec.dt, self._tick)
 
-    def _now(self) -> float:
+    def now(self) -> float:
         return self.node.get_clock().now().nanoseconds * 1e-9
 
     def _tick(self) -> None:
         if not self.node.context.ok():
             return
-        now = self._now()
+        now = self.now()
         self.jitter.tick(now)
         self._on_tick(now)
 
     def _on_message(self, name: str, kind: str, msg: Any) -> None:
-        now = self._now()
+        now = self.now()
         try:
             self.steps.on_sample(name, to_sample(kind, msg, now), now)
         except MessageError as error:
@@ -226,7 +226,7 @@ class RobotLink:
         if future.exception() is not None:
             self.counters.add("reset_failures")
             return
-        self.steps.start_episode(self._now())
+        self.steps.start_episode(self.now())
 
     def _on_ready(self, _request: Trigger.Request, response: Trigger.Response
                   ) -> Trigger.Response:
@@ -235,7 +235,7 @@ class RobotLink:
             return response
         self.counters.add("operator_resets")
         self._announced = False
-        self.steps.start_episode(self._now())
+        self.steps.start_episode(self.now())
         response.success = True
         response.message = "episode started: the policy acts on fresh data"
         return response

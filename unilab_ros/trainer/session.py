@@ -130,7 +130,8 @@ def build_session(cfg: SessionConfig, best: BestPolicy | None = None) -> Session
     sources = None
     if cfg.robot_spec is not None:
         # Each robot draws its own episodes' commands, reproducibly from the seed.
-        sources = [RobotSteps(cfg.robot_spec, np.random.default_rng([agent_cfg.seed, r]))
+        sources = [RobotSteps(cfg.robot_spec, np.random.default_rng([agent_cfg.seed, r]),
+                              cfg.loop.step_timeout)
                    for r in range(max(1, len(cfg.robots)))]
     loop = TrainingLoop(
         cfg.loop, agent, actions, cfg.robots, stats,

@@ -1,0 +1,178 @@
+"""Learning through standard messages: the MuJoCo robot free-running on sim time, the
+trainer reading its robot spec, seeds 0-2, and the deployed policy on a fresh robot.
+
+    python bench/robot_learning.py                         # cartpole, seeds 0 1 2
+    python bench/robot_learning.py --robot reacher --iterations 200 --seeds 0
+    python bench/robot_learning.py --robot cartpole --seeds 0 --deploy-only runs/.../best
+
+Each seed starts ``mujoco_robot_node`` (``config/robots/<robot>.yaml`` at
+``--real-time-factor``) and ``trainer_node`` (``config/robot_train/<robot>.yaml``) as two
+processes on an isolated graph (localhost discovery, a domain id of the run's own) and
+waits for the trainer's ``max_iterations``. Its metrics.csv gives the episode return
+(and length) against env steps and wall time at the marks, the best and the final mean.
+Then the best policy is deployed: ``policy_node`` with the trained bundle on a fresh robot
+process, which reports the return of every episode it runs (``~/status``), so the
+deployed mean return over ``--deploy-episodes`` compares with the training's best.
+
+Prints the CPU model; the last line is ``robot_learning <robot> final_min=<x> ...``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import rclpy
+from rclpy.executors import SingleThreadedExecutor
+from rclpy.node import Node
+from std_msgs.msg import String
+
+from unilab_ros.sim_train import die_with_parent, isolated_ros_env, node_command, stop
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+from learning import cpu_model  # noqa: E402  (the bench folder is not a package)
+
+MARKS = (25_000, 50_000, 100_000, 150_000, 200_000, 400_000, 1_000_000)
+
+
+def _start(module: str, params: Path, overrides: dict[str, str], env: dict[str, str],
+           log: Path) -> subprocess.Popen:
+    return subprocess.Popen(node_command(module, params, overrides), env=env,
+                            stdout=log.open("w"), stderr=subprocess.STDOUT,
+                            preexec_fn=die_with_parent())
+
+
+def train(robot: str, seed: int, iterations: int, rtf: float, out: Path,
+          domain: int) -> dict:
+    """One training run; its metrics rows and wall time."""
+    env = isolated_ros_env(domain)
+    out.mkdir(parents=True, exist_ok=True)
+    sim = _start("unilab_ros.sims.mujoco_robot_node", ROOT / "config" / "robots" /
+                 f"{robot}.yaml", {"real_time_factor": str(rtf), "seed": str(seed)}, env,
+                 out / "robot.log")
+    began = time.monotonic()
+    trainer = _start("unilab_ros.trainer", ROOT / "config" / "robot_train" / f"{robot}.yaml",
+                     {"seed": str(seed), "max_iterations": str(iterations),
+                      "checkpoint_dir": str(out), "tensorboard": "false"}, env,
+                     out / "trainer.log")
+    try:
+        trainer.wait()
+    finally:
+        stop(trainer)
+        stop(sim)
+    wall = time.monotonic() - began
+    with (out / "metrics.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    if trainer.returncode != 0 or not rows:
+        tail = (out / "trainer.log").read_text()[-2000:]
+        raise RuntimeError(f"{robot} seed {seed}: trainer rc {trainer.returncode}\n{tail}")
+    return {"rows": rows, "wall": wall}
+
+
+class _StatusReader(Node):
+    def __init__(self) -> None:
+        super().__init__("robot_learning_bench")
+        self.status: dict = {}
+        self.create_subscription(String, "/unilab_policy/status", self._on_status, 10)
+
+    def _on_status(self, msg: String) -> None:
+        self.status = json.loads(msg.data)
+
+
+def deploy(robot: str, policy: Path, episodes: int, rtf: float, out: Path, domain: int,
+           timeout: float) -> list[float]:
+    """The deployed policy's episode returns on a fresh robot process."""
+    env = isolated_ros_env(domain)
+    sim = _start("unilab_ros.sims.mujoco_robot_node", ROOT / "config" / "robots" /
+                 f"{robot}.yaml", {"real_time_factor": str(rtf), "seed": "12345"}, env,
+                 out / "deploy_robot.log")
+    node = _start("unilab_ros.policy_node", ROOT / "config" / "deploy.yaml",
+                  {"policy_path": str(policy), "use_sim_time": "true",
+                   "autostart": "true", "reset_between_episodes": "true"}, env,
+                  out / "deploy_policy.log")
+    os.environ.update({k: env[k] for k in ("ROS_DOMAIN_ID", "ROS_AUTOMATIC_DISCOVERY_RANGE")})
+    rclpy.init()
+    reader = _StatusReader()
+    executor = SingleThreadedExecutor()
+    executor.add_node(reader)
+    deadline = time.monotonic() + timeout
+    returns: list[float] = []
+    try:
+        while time.monotonic() < deadline:
+            executor.spin_once(timeout_sec=0.5)
+            returns = reader.status.get("robot", {}).get("episode_returns", [])
+            if len(returns) >= episodes:
+                break
+    finally:
+        reader.destroy_node()
+        rclpy.shutdown()
+        stop(node)
+        stop(sim)
+    return returns[:episodes]
+
+
+def _at(rows: list[dict], mark: int, key: str) -> float:
+    below = [float(r[key]) for r in rows if int(r["env_steps"]) <= mark and r[key] != ""]
+    return below[-1] if below and int(rows[-1]["env_steps"]) >= mark else math.nan
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--robot", default="cartpole")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--iterations", type=int, default=0,
+                        help="PPO iterations (0: the robot_train file's max_iterations)")
+    parser.add_argument("--real-time-factor", type=float, default=4.0)
+    parser.add_argument("--deploy-episodes", type=int, default=5)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    out = args.out or Path(tempfile.mkdtemp(prefix=f"robot_learning_{args.robot}_"))
+    print(f"cpu: {cpu_model()}; robot {args.robot}, real_time_factor "
+          f"{args.real_time_factor}, output {out}")
+    finals, deployed = [], []
+    for seed in args.seeds:
+        run = out / f"seed{seed}"
+        iterations = args.iterations or _file_iterations(args.robot)
+        result = train(args.robot, seed, iterations, args.real_time_factor, run,
+                       60 + seed)
+        rows = result["rows"]
+        marks = "  ".join(f"{m // 1000}k {_at(rows, m, 'mean_return'):.2f}" for m in MARKS
+                          if m <= int(rows[-1]["env_steps"]))
+        returns = [float(r["mean_return"]) for r in rows if r["mean_return"] != ""]
+        best, final = max(returns), returns[-1]
+        finals.append(final)
+        print(f"seed {seed}: {rows[-1]['env_steps']} env steps in {result['wall']:.0f} s "
+              f"({int(rows[-1]['env_steps']) / result['wall']:.0f} steps/s) | mean return "
+              f"at {marks} | best {best:.2f} final {final:.2f} | final length "
+              f"{float(rows[-1]['mean_length']):.0f} | dropped "
+              f"{rows[-1]['steps_dropped']} stale {rows[-1]['stale_cuts']}")
+        episodes = deploy(args.robot, run / "best.safetensors", args.deploy_episodes,
+                          args.real_time_factor, run, 80 + seed, timeout=600.0)
+        mean = sum(episodes) / len(episodes) if episodes else math.nan
+        deployed.append((mean, best))
+        print(f"seed {seed}: deployed best policy on a fresh robot: {len(episodes)} "
+              f"episodes, mean return {mean:.2f} (training best {best:.2f}, "
+              f"{100 * (mean - best) / abs(best):+.1f}%)")
+    worst = min(abs(m - b) / abs(b) for m, b in deployed) if deployed else math.nan
+    print(f"robot_learning {args.robot} final_min={min(finals):.3f} "
+          f"final_mean={sum(finals) / len(finals):.3f} deploy_gap_max={worst:.3f}")
+
+
+def _file_iterations(robot: str) -> int:
+    from yaml import safe_load
+
+    data = safe_load((ROOT / "config" / "robot_train" / f"{robot}.yaml").read_text())
+    return int(next(iter(data.values()))["ros__parameters"]["max_iterations"])
+
+
+if __name__ == "__main__":
+    main()
