@@ -142,8 +142,9 @@ class PPOAgent:
         return actions
 
     def set_learning_rate(self, rate: float) -> None:
-        """A new learning rate, live: the adaptive schedule goes on from it, and the next
-        checkpoint stores it with the optimizer."""
+        """A new learning rate, live: the adaptive schedule goes on from it, the linear one
+        replaces it at the next update, and the next checkpoint stores it with the
+        optimizer."""
         self.trainer.learning_rate = rate
 
     def record(
@@ -215,6 +216,8 @@ class PPOAgent:
         buffer.values[: buffer.step] = np.array(values).reshape(buffer.step, -1)
         buffer.compute_returns_and_advantages(np.array(last_values))
         train_actor = self.critic_only_updates == 0
+        if self.ppo_cfg.schedule == "linear":
+            self.set_learning_rate(self.ppo_cfg.linear_learning_rate(self.iteration))
         metrics = self.trainer.update(buffer, self.iteration, train_actor)
         self.critic_only_updates = max(self.critic_only_updates - 1, 0)
         metrics["critic_only"] = float(not train_actor)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-SCHEDULES = ("fixed", "adaptive")
+SCHEDULES = ("fixed", "adaptive", "linear")
 
 
 @dataclass
@@ -27,7 +27,7 @@ class PPOConfig:
     entropy_coef: float = 0.0
     """Weight of the entropy bonus."""
     learning_rate: float = 3e-4
-    """Adam learning rate (the initial one under the adaptive schedule)."""
+    """Adam learning rate (the initial one under the adaptive and linear schedules)."""
     use_clipped_value_loss: bool = True
     """Clip value predictions around the rollout's values, as rsl_rl does."""
     max_grad_norm: float = 1.0
@@ -35,8 +35,19 @@ class PPOConfig:
     log_ratio_clip: float = 20.0
     """Clip on log(pi/pi_old) before the exp, against overflow."""
     schedule: str = "fixed"
-    """"fixed" or "adaptive": rsl_rl's rule, on every mini-batch's KL before its step:
-    rate / adaptive_lr_decay above 2 x desired_kl, x adaptive_lr_growth below half."""
+    """"fixed"; "adaptive": rsl_rl's rule, on every mini-batch's KL before its step:
+    rate / adaptive_lr_decay above 2 x desired_kl, x adaptive_lr_growth below half;
+    "linear": each update's rate falls in a straight line from learning_rate to
+    final_learning_rate_fraction x learning_rate (at least min_learning_rate) over
+    schedule_iterations updates, then stays there (CleanRL's anneal_lr, with a floor). It
+    follows the agent's iteration count, so a resumed run goes on down the same line, and
+    a rate set while running holds until the next update."""
+    schedule_iterations: int = 0
+    """Linear schedule: updates the decay takes (e.g. the run's max_iterations); update k
+    (from 0) steps with learning_rate + (floor - learning_rate) x min(k / this, 1)."""
+    final_learning_rate_fraction: float = 0.0
+    """Linear schedule: the floor as a fraction of learning_rate, in [0, 1] (0, as SB3's
+    and CleanRL's linear schedules, ends at min_learning_rate)."""
     desired_kl: float = 0.01
     """Adaptive schedule: target KL per mini-batch."""
     min_learning_rate: float = 1e-5
@@ -81,6 +92,11 @@ class PPOConfig:
         self.check_learning_rate(self.learning_rate)
         if self.schedule == "adaptive" and self.desired_kl <= 0.0:
             raise ValueError("desired_kl must be positive under the adaptive schedule")
+        if self.schedule == "linear" and int(self.schedule_iterations) < 1:
+            raise ValueError("schedule_iterations must be >= 1 under the linear schedule "
+                             "(the updates the rate decays over)")
+        if not 0.0 <= self.final_learning_rate_fraction <= 1.0:
+            raise ValueError("final_learning_rate_fraction must be in [0, 1]")
         if self.log_ratio_clip <= 0.0:
             raise ValueError("log_ratio_clip must be positive (0 pins the ratio at 1)")
         if self.target_kl_stop < 0.0:
@@ -101,3 +117,11 @@ class PPOConfig:
                 f"learning_rate {rate:g} lies outside min_learning_rate .. max_learning_rate "
                 f"({self.min_learning_rate:g} .. {self.max_learning_rate:g})"
             )
+
+    def linear_learning_rate(self, iteration: int) -> float:
+        """The linear schedule's rate for update ``iteration`` (counted from 0)."""
+        start = float(self.learning_rate)
+        floor = max(self.min_learning_rate, self.final_learning_rate_fraction * start)
+        progress = min(max(iteration, 0) / int(self.schedule_iterations), 1.0)
+        # Weighted, so the line starts at exactly learning_rate and ends at exactly floor.
+        return start * (1.0 - progress) + floor * progress
