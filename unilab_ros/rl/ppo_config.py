@@ -61,8 +61,13 @@ class PPOConfig:
     adaptive_lr_growth: float = 1.5
     """Adaptive schedule: multiply the rate by this when KL < desired / 2 (rsl_rl: 1.5)."""
     target_kl_stop: float = 0.0
-    """Early stop (as Stable-Baselines3's target_kl): the first mini-batch whose KL to the
-    acting policy exceeds this is not applied and ends the update's epochs; 0 disables."""
+    """Early stop (as Stable-Baselines3's target_kl, without its 1.5 factor): before each
+    mini-batch's step, the exact KL from the acting policy to the current one (after every
+    step applied so far) is measured on that mini-batch's samples; the first over this is
+    not applied and ends the update's epochs. So the policy kept is the one whose KL
+    passed the limit on the mini-batch that stopped the epochs; ``approx_kl_max`` counts
+    applied steps only, so it stays at or under the limit, and ``early_stopped_kl`` says
+    the stop fired. 0 disables."""
     normalize_advantage_per_mini_batch: bool = False
     """rsl_rl's flag: normalize advantages within each mini-batch, else once over the rollout."""
     advantage_std_floor: float = 0.1
