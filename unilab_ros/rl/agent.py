@@ -12,6 +12,7 @@ import numpy as np
 
 from unilab_ros.rl.buffer import RolloutBuffer
 from unilab_ros.rl.model import MLPActorCritic, ModelConfig
+from unilab_ros.rl.normalizer import ReturnNormalizer
 from unilab_ros.rl.policy import PolicySampler
 from unilab_ros.rl.ppo import PPOTrainer
 from unilab_ros.rl.ppo_config import PPOConfig
@@ -56,13 +57,22 @@ class AgentConfig:
     """Seeds weights, action noise and mini-batch shuffles."""
     reward_scale: float = 1.0
     """Rewards are multiplied by this before they are stored (the logged returns are not)."""
+    normalize_rewards: bool = False
+    """Divide the stored rewards (after ``reward_scale``) by the running std of each env's
+    discounted return (discount ``ppo.gamma``), as Stable-Baselines3's VecNormalize and
+    CleanRL's NormalizeReward do, so the critic's targets keep one scale on any task. The
+    statistics run over the steps PPO stores and are saved in training checkpoints (a
+    bundle needs none); the logged returns stay raw."""
+    reward_clip: float = 10.0
+    """With ``normalize_rewards``: normalized rewards are clipped to +-this (SB3's 10)."""
 
     def validate(self) -> None:
         for name in ("num_envs", "obs_dim", "action_dim", "num_steps"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if not np.isfinite(self.reward_scale) or self.reward_scale <= 0.0:
-            raise ValueError("reward_scale must be positive")
+        for name in ("reward_scale", "reward_clip"):
+            if not np.isfinite(getattr(self, name)) or getattr(self, name) <= 0.0:
+                raise ValueError(f"{name} must be positive and finite")
 
 
 class PPOAgent:
@@ -111,6 +121,10 @@ class PPOAgent:
             self.ppo_cfg.lam,
         )
         self.sampler = PolicySampler(self.model, cfg.seed + 2)
+        self.reward_normalizer = (
+            ReturnNormalizer(cfg.num_envs, self.ppo_cfg.gamma, cfg.reward_clip)
+            if cfg.normalize_rewards else None
+        )
         self.iteration = 0
         self.env_steps = 0
         self.critic_only_updates = 0
@@ -128,8 +142,9 @@ class PPOAgent:
         return actions
 
     def set_learning_rate(self, rate: float) -> None:
-        """A new learning rate, live: the adaptive schedule goes on from it, and the next
-        checkpoint stores it with the optimizer."""
+        """A new learning rate, live: the adaptive schedule goes on from it, the linear one
+        replaces it at the next update, and the next checkpoint stores it with the
+        optimizer."""
         self.trainer.learning_rate = rate
 
     def record(
@@ -148,9 +163,8 @@ class PPOAgent:
             mean, std = self.sampler.last_mean, self.sampler.last_std
         actions = np.asarray(actions, np.float32).reshape(self.cfg.num_envs, -1)
         log_probs = gaussian_log_prob(actions, mean, std)
-        scaled = np.asarray(rewards, np.float32) * self.cfg.reward_scale
         self.buffer.add(
-            obs=obs, actions=actions, rewards=scaled, dones=dones,
+            obs=obs, actions=actions, rewards=self._stored_rewards(rewards, dones), dones=dones,
             log_probs=log_probs, mean=mean, std=std,
         )
         self.env_steps += self.cfg.num_envs
@@ -161,17 +175,31 @@ class PPOAgent:
         steps: np.ndarray,
         envs: np.ndarray,
         step: StepOfEnvs,
+        sources: np.ndarray | None = None,
     ) -> None:
         """Store one step of the envs ``envs``, each at its own time index ``steps``,
-        with the acting policy's mean and std (a fleet's robots step on their own)."""
+        with the acting policy's mean and std (a fleet's robots step on their own).
+        ``sources``: the envs whose steps these are, where they differ from the buffer
+        columns ``envs`` (a lane taken over from a stalled robot); their discounted
+        returns are the ones ``normalize_rewards`` follows."""
         actions = np.asarray(step.actions, np.float32).reshape(len(envs), -1)
+        rewards = self._stored_rewards(
+            step.rewards, step.dones, envs if sources is None else sources)
         self.buffer.put(
-            steps, envs, obs=step.obs, actions=actions,
-            rewards=np.asarray(step.rewards, np.float32) * self.cfg.reward_scale,
+            steps, envs, obs=step.obs, actions=actions, rewards=rewards,
             dones=step.dones, log_probs=gaussian_log_prob(actions, step.mean, step.std),
             mean=step.mean, std=step.std,
         )
         self.env_steps += len(envs)
+
+    def _stored_rewards(
+        self, rewards: np.ndarray, dones: np.ndarray, envs: np.ndarray | slice = slice(None)
+    ) -> np.ndarray:
+        """What PPO learns from for the rewards of ``envs``: scaled, then normalized."""
+        scaled = np.asarray(rewards, np.float32) * self.cfg.reward_scale
+        if self.reward_normalizer is None:
+            return scaled
+        return self.reward_normalizer(scaled, dones, envs)
 
     @property
     def rollout_full(self) -> bool:
@@ -188,6 +216,8 @@ class PPOAgent:
         buffer.values[: buffer.step] = np.array(values).reshape(buffer.step, -1)
         buffer.compute_returns_and_advantages(np.array(last_values))
         train_actor = self.critic_only_updates == 0
+        if self.ppo_cfg.schedule == "linear":
+            self.set_learning_rate(self.ppo_cfg.linear_learning_rate(self.iteration))
         metrics = self.trainer.update(buffer, self.iteration, train_actor)
         self.critic_only_updates = max(self.critic_only_updates - 1, 0)
         metrics["critic_only"] = float(not train_actor)

@@ -1,9 +1,10 @@
 """Checkpoints: safetensors arrays plus JSON metadata, written atomically, loaded without pickle.
 
 A training checkpoint holds the model (with its observation normalizer), the Adam
-state, the adaptive-schedule state, the random keys, the iteration and env-step
-counts and every config, so resuming continues bit-exactly. A policy export holds
-the model and configs only, for deployment.
+state, the adaptive-schedule state, the reward normalization's statistics and returns
+(when it is on), the random keys, the iteration and env-step counts and every config, so
+resuming continues bit-exactly. A policy export holds the model and configs only, for
+deployment.
 """
 
 from __future__ import annotations
@@ -108,6 +109,9 @@ def save_checkpoint(
         "rng/noise_key": agent.sampler.key,
         "rng/shuffle_key": trainer.shuffle_key,
     }
+    if agent.reward_normalizer is not None:
+        reward_state = agent.reward_normalizer.state()
+        arrays |= {f"rewards/{name}": mx.array(value) for name, value in reward_state.items()}
     meta = _metadata(agent, "training", extra, actions)
     return _write_atomically(_with_suffix(path), arrays, meta)
 
@@ -210,6 +214,7 @@ def restore_agent(agent: PPOAgent, checkpoint: Checkpoint) -> None:
             stored = checkpoint.arrays.get(f"rng/{name}")
             if stored is None or stored.shape != key.shape or stored.dtype != key.dtype:
                 raise ValueError(f"rng/{name} is missing or not a {key.dtype} {key.shape} key")
+        reward_state = _reward_state(checkpoint, agent)
     except ValueError as error:
         raise CheckpointError(f"{checkpoint.path}: {error}") from None
     # Only a state that passed every check replaces the agent's.
@@ -217,6 +222,8 @@ def restore_agent(agent: PPOAgent, checkpoint: Checkpoint) -> None:
     trainer.schedule_state.update(schedule_state)
     agent.sampler.key = checkpoint.arrays["rng/noise_key"]
     trainer.shuffle_key = checkpoint.arrays["rng/shuffle_key"]
+    if reward_state is not None:
+        agent.reward_normalizer.load_state(reward_state)
     agent.iteration = checkpoint.iteration
     agent.env_steps = checkpoint.env_steps
     mx.eval(trainer.optimizer.state, trainer.schedule_state)
@@ -291,3 +298,24 @@ def _check_schedule_values(state: dict[str, mx.array]) -> None:
     for name in ("adv_std_mean", "rollouts_seen"):
         if (value := float(state[name].item())) < 0.0:
             raise ValueError(f"schedule/{name} is {value:g}: it must be >= 0")
+
+
+def _reward_state(checkpoint: Checkpoint, agent: PPOAgent) -> dict[str, mx.array] | None:
+    """The checkpoint's reward normalization state (flat names), checked; None when the
+    agent does not normalize rewards or the file has none (written without it, or before
+    it existed: the statistics then start afresh). Returns stored for another number of
+    envs start at 0: they cannot be matched to the envs of this run."""
+    normalizer = agent.reward_normalizer
+    stored = dict(tree_flatten(checkpoint.group("rewards")))
+    if normalizer is None or not stored:
+        return None
+    expected = normalizer.state()
+    _check_like("rewards/", {k: v for k, v in stored.items() if k != "returns"},
+                {k: v for k, v in expected.items() if k != "returns"})
+    returns = stored.get("returns")
+    if returns is None or returns.ndim != 1:
+        raise ValueError("rewards/returns is missing or not one value per env")
+    check_stored_arrays(stored, prefix="rewards/")
+    if returns.shape != expected["returns"].shape:
+        stored["returns"] = mx.zeros(expected["returns"].shape)
+    return stored

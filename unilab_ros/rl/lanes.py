@@ -49,7 +49,7 @@ class LaneRollout:
             self.agent.record_rows(at, rows, StepOfEnvs(
                 step.obs[stored], step.actions[stored], _rows(step.mean, stored),
                 _rows(step.std, stored), step.rewards[stored], step.dones[stored],
-            ))
+            ), sources=envs[stored])
             self.bootstrap_obs[rows] = next_obs[stored]
             self.filled[rows] += 1
         if self.full:

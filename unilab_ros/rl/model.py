@@ -30,7 +30,11 @@ class ModelConfig:
     noise_std_type: str = "scalar"
     """"scalar": the std itself is learned; "log": its logarithm is learned."""
     min_std: float = 1e-3
-    """Lower bound on the policy std (keeps log-probs finite)."""
+    """Lower bound on the policy std (keeps log-probs finite; set higher, e.g. 0.2, a floor
+    on exploration): the learned std is clipped to it wherever the std is used (acting,
+    the loss, a deployed bundle). The clip passes no gradient at or below the floor, so a
+    std that reaches it stays there for the rest of the run. Under ``noise_std_type: log``
+    it holds to float32 rounding (exp(log(min_std)) may come out one ulp under)."""
     max_std: float = 10.0
     """Upper bound on the policy std."""
     normalize_observations: bool = True

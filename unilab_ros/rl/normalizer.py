@@ -1,9 +1,15 @@
-"""Running mean / variance observation normalizer (part of the model's state)."""
+"""Running mean / variance normalizers: of observations (part of the model's state) and of
+discounted returns (rewards scaled as Stable-Baselines3's VecNormalize does)."""
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
+
+Moments = TypeVar("Moments", mx.array, np.ndarray)
 
 WARMUP_SAMPLES = 1000
 """Samples merged as they come before outliers are clipped: the statistics need that many
@@ -66,12 +72,71 @@ class RunningNormalizer(nn.Module):
             # values, but in another buffer MLX's sums may round differently.
             if bool(mx.any((batch < low) | (batch > high)).item()):
                 batch = mx.clip(batch, low, high)
-        batch_mean = mx.mean(batch, axis=0)
-        batch_var = mx.var(batch, axis=0)
-        total = self.count + n
-        delta = batch_mean - self.mean
-        self.mean = self.mean + delta * (n / total)
-        merged = self.var * self.count + batch_var * n + delta * delta * (self.count * n / total)
-        self.var = merged / total
-        self.count = total
+        self.mean, self.var, self.count = merge_moments(
+            (self.mean, self.var, self.count), mx.mean(batch, axis=0), mx.var(batch, axis=0), n
+        )
         mx.eval(self.mean, self.var, self.count)
+
+
+def merge_moments(
+    running: tuple[Moments, Moments, Moments], batch_mean: Moments, batch_var: Moments, n: int
+) -> tuple[Moments, Moments, Moments]:
+    """(mean, var, count) of the running statistics with a batch of ``n`` samples merged in
+    (Chan et al.); arithmetic only, so MLX and numpy arrays alike."""
+    mean, var, count = running
+    total = count + n
+    delta = batch_mean - mean
+    merged = var * count + batch_var * n + delta * delta * (count * n / total)
+    return mean + delta * (n / total), merged / total, total
+
+
+class ReturnNormalizer:
+    """Rewards divided by the running std of each env's discounted return, as
+    Stable-Baselines3's ``VecNormalize(norm_reward=True)`` and CleanRL's
+    ``NormalizeReward`` do: per env ``R = gamma * R + r``, reset to 0 after a step that
+    ends the episode (terminated or truncated); every step's returns of all envs enter
+    the running variance, and the reward goes out as ``r / sqrt(var + epsilon)`` (with the
+    variance that includes this step), clipped to +-``clip``. The mean is not subtracted:
+    that would change which behaviour the rewards favour (a reward that is positive for
+    staying alive would turn negative).
+
+    In numpy, float32: it runs on every acting step, where MLX's fixed cost per op is
+    large (see ``policy``), and float32 arrays are stored in checkpoints as they are, so a
+    resumed run continues bit-exactly. ``state`` is what a checkpoint keeps.
+    """
+
+    def __init__(self, num_envs: int, gamma: float, clip: float, epsilon: float = 1e-8) -> None:
+        self.gamma = np.float32(gamma)
+        self.clip = np.float32(clip)
+        self.epsilon = np.float32(epsilon)
+        self.mean = np.zeros((), np.float32)
+        self.var = np.ones((), np.float32)
+        self.count = np.zeros((), np.float32)
+        self.returns = np.zeros(num_envs, np.float32)
+        """Each env's discounted return so far in its episode."""
+
+    def __call__(
+        self, rewards: np.ndarray, dones: np.ndarray, envs: np.ndarray | slice = slice(None)
+    ) -> np.ndarray:
+        """The normalized rewards of one step of the envs ``envs`` (by default all)."""
+        rewards = np.asarray(rewards, np.float32)
+        returns = self.returns[envs] * self.gamma + rewards
+        self.mean, self.var, self.count = merge_moments(
+            (self.mean, self.var, self.count), returns.mean(), returns.var(), returns.size
+        )
+        self.returns[envs] = np.where(np.asarray(dones) != 0, np.float32(0.0), returns)
+        scaled = rewards / np.sqrt(self.var + self.epsilon)
+        return np.clip(scaled, -self.clip, self.clip).astype(np.float32)
+
+    def state(self) -> dict[str, np.ndarray]:
+        """The running statistics and returns, by name (``normalizer.*`` as the model's)."""
+        return {"normalizer.mean": self.mean, "normalizer.var": self.var,
+                "normalizer.count": self.count, "returns": self.returns}
+
+    def load_state(self, state: dict[str, np.ndarray]) -> None:
+        """Continue from ``state()`` (names and shapes checked by the caller)."""
+        self.mean, self.var, self.count = (
+            np.array(state[f"normalizer.{name}"], np.float32).reshape(())
+            for name in ("mean", "var", "count")
+        )
+        self.returns = np.array(state["returns"], np.float32).reshape(self.returns.shape)
