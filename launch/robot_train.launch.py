@@ -24,32 +24,41 @@ from launch_ros.substitutions import FindPackageShare
 from unilab_ros.launch_support import ends_the_launch
 
 
+def _robot_node(context: LaunchContext, params_file: str) -> Node:
+    return Node(
+        package='unilab_ros', executable='mujoco_robot_node', name='mujoco_robot',
+        output='screen', ros_arguments=['--log-level', LaunchConfiguration('log_level')],
+        parameters=[params_file, {
+            'real_time_factor': ParameterValue(LaunchConfiguration('real_time_factor'),
+                                               value_type=float)}])
+
+
+def _trainer(context: LaunchContext, params_file: str) -> Node:
+    given = {'seed': (LaunchConfiguration('seed'), int),
+             'max_iterations': (LaunchConfiguration('max_iterations'), int),
+             'checkpoint_dir': (LaunchConfiguration('checkpoint_dir'), str)}
+    # Only the arguments given win over the params file.
+    overrides = {'use_sim_time': True, **{
+        name: ParameterValue(value, value_type=kind) for name, (value, kind) in given.items()
+        if value.perform(context)}}
+    return Node(
+        package='unilab_ros', executable='trainer_node', name='unilab_trainer',
+        output='screen', ros_arguments=['--log-level', LaunchConfiguration('log_level')],
+        parameters=[params_file, overrides])
+
+
 def _nodes(context: LaunchContext) -> list:
     share = Path(FindPackageShare('unilab_ros').perform(context)) / 'config'
     robot = LaunchConfiguration('robot').perform(context)
     robot_file = share / 'robots' / f'{robot}.yaml'
-    trainer_file = LaunchConfiguration('params_file').perform(context) \
-        or str(share / 'robot_train' / f'{robot}.yaml')
-    for path in (robot_file, Path(trainer_file)):
+    trainer_file = Path(LaunchConfiguration('params_file').perform(context)
+                        or share / 'robot_train' / f'{robot}.yaml')
+    for path in (robot_file, trainer_file):
         if not path.is_file():
             shipped = sorted(p.stem for p in (share / 'robot_train').glob('*.yaml'))
             raise FileNotFoundError(f'{path} does not exist (robot:= one of {shipped})')
-    log_level = LaunchConfiguration('log_level')
-    robot_node = Node(
-        package='unilab_ros', executable='mujoco_robot_node', name='mujoco_robot',
-        output='screen', ros_arguments=['--log-level', log_level],
-        parameters=[str(robot_file), {
-            'real_time_factor': ParameterValue(LaunchConfiguration('real_time_factor'),
-                                               value_type=float)}])
-    overrides = {'use_sim_time': True}
-    for name, kind in (('seed', int), ('max_iterations', int), ('checkpoint_dir', str)):
-        value = LaunchConfiguration(name).perform(context)
-        if value:
-            overrides[name] = ParameterValue(value, value_type=kind)
-    trainer = Node(
-        package='unilab_ros', executable='trainer_node', name='unilab_trainer',
-        output='screen', ros_arguments=['--log-level', log_level],
-        parameters=[trainer_file, overrides])
+    robot_node, trainer = _robot_node(context, str(robot_file)), _trainer(context,
+                                                                          str(trainer_file))
     return [robot_node, trainer, ends_the_launch(robot_node, 'mujoco_robot'),
             ends_the_launch(trainer, 'unilab_trainer')]
 
