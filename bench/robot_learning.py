@@ -31,6 +31,9 @@ import time
 from pathlib import Path
 
 import rclpy
+import yaml
+from lifecycle_msgs.msg import Transition
+from lifecycle_msgs.srv import ChangeState
 from rclpy.executors import SingleThreadedExecutor
 from rclpy.node import Node
 from std_msgs.msg import String
@@ -78,11 +81,14 @@ def train(robot: str, seed: int, iterations: int, rtf: float, out: Path,
     return {"rows": rows, "wall": wall}
 
 
-class _StatusReader(Node):
+class _Operator(Node):
+    """Reads the policy node's ~/status and steps it through its lifecycle."""
+
     def __init__(self) -> None:
         super().__init__("robot_learning_bench")
         self.status: dict = {}
         self.create_subscription(String, "/unilab_policy/status", self._on_status, 10)
+        self.change = self.create_client(ChangeState, "/unilab_policy/change_state")
 
     def _on_status(self, msg: String) -> None:
         self.status = json.loads(msg.data)
@@ -90,31 +96,47 @@ class _StatusReader(Node):
 
 def deploy(robot: str, policy: Path, episodes: int, rtf: float, out: Path, domain: int,
            timeout: float) -> list[float]:
-    """The deployed policy's episode returns on a fresh robot process."""
+    """The deployed policy's episode returns on a fresh robot process (the robot reset
+    after each episode, as in training)."""
     env = isolated_ros_env(domain)
     sim = _start("unilab_ros.sims.mujoco_robot_node", ROOT / "config" / "robots" /
                  f"{robot}.yaml", {"real_time_factor": str(rtf), "seed": "12345"}, env,
                  out / "deploy_robot.log")
-    node = _start("unilab_ros.policy_node", ROOT / "config" / "deploy.yaml",
-                  {"policy_path": str(policy), "use_sim_time": "true",
-                   "autostart": "true", "reset_between_episodes": "true"}, env,
-                  out / "deploy_policy.log")
-    os.environ.update({k: env[k] for k in ("ROS_DOMAIN_ID", "ROS_AUTOMATIC_DISCOVERY_RANGE")})
+    params = out / "deploy.yaml"
+    params.write_text(yaml.safe_dump({"/**/unilab_policy": {"ros__parameters": {
+        "checkpoint": str(policy), "use_sim_time": True, "reset_between_episodes": True}}}))
+    node = _start("unilab_ros.policy_node", params, {}, env, out / "deploy_policy.log")
+    saved = {k: os.environ.get(k) for k in ("ROS_DOMAIN_ID", "ROS_AUTOMATIC_DISCOVERY_RANGE")}
+    os.environ.update({k: env[k] for k in saved})
     rclpy.init()
-    reader = _StatusReader()
+    operator = _Operator()
     executor = SingleThreadedExecutor()
-    executor.add_node(reader)
+    executor.add_node(operator)
     deadline = time.monotonic() + timeout
     returns: list[float] = []
     try:
+        for transition in (Transition.TRANSITION_CONFIGURE, Transition.TRANSITION_ACTIVATE):
+            while not operator.change.service_is_ready() and time.monotonic() < deadline:
+                executor.spin_once(timeout_sec=0.2)
+            future = operator.change.call_async(
+                ChangeState.Request(transition=Transition(id=transition)))
+            executor.spin_until_future_complete(future, timeout_sec=30.0)
+            if not future.done() or not future.result().success:
+                raise RuntimeError(f"policy_node refused transition {transition}: see "
+                                   f"{out / 'deploy_policy.log'}")
         while time.monotonic() < deadline:
             executor.spin_once(timeout_sec=0.5)
-            returns = reader.status.get("robot", {}).get("episode_returns", [])
+            returns = operator.status.get("robot", {}).get("episode_returns", [])
             if len(returns) >= episodes:
                 break
     finally:
-        reader.destroy_node()
+        operator.destroy_node()
         rclpy.shutdown()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
         stop(node)
         stop(sim)
     return returns[:episodes]
@@ -168,9 +190,7 @@ def main() -> None:
 
 
 def _file_iterations(robot: str) -> int:
-    from yaml import safe_load
-
-    data = safe_load((ROOT / "config" / "robot_train" / f"{robot}.yaml").read_text())
+    data = yaml.safe_load((ROOT / "config" / "robot_train" / f"{robot}.yaml").read_text())
     return int(next(iter(data.values()))["ros__parameters"]["max_iterations"])
 
 

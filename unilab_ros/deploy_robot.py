@@ -8,7 +8,8 @@ safe action. The spec's reward is summed per episode (the deployed return, in
 ``~/status``). After a done: with ``reset_between_episodes`` the robot is reset as the spec
 says (its reset service, or the operator's ``~/ready``); else a time-out starts the next
 episode at once (a deployed robot keeps running) and a failure holds the safe action
-until the node is activated again.
+until the node is activated again. Activation starts an episode (after a reset, with
+``reset_between_episodes``).
 """
 
 from __future__ import annotations
@@ -59,10 +60,15 @@ class DeployedRobot:
         self._ending = False
 
     def start(self) -> None:
-        """Activated: a new episode on the data that arrive from now on."""
+        """Activated: a new episode on the data that arrive from now on; with
+        ``reset_between_episodes`` the robot is reset first (a robot left without commands
+        before activation may have fallen)."""
         self._held = False
         self._return = 0.0
         self.steps.start_episode(self.link.now())
+        if self._reset_between:
+            self.steps.needs_reset = True
+            self._ending = True
 
     def _tick(self, now: float) -> None:
         if not self._active():

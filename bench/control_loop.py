@@ -1,0 +1,206 @@
+"""The trainer's control loop on a robot spec: period jitter at 50 and 200 Hz with the
+[512, 256, 128] network, and the cost of assembling one observation.
+
+    python bench/control_loop.py                   # 50 and 200 Hz, 20 s each
+    python bench/control_loop.py --rates 200 --seconds 60
+
+Jitter: ``trainer_node`` runs as a process of its own on an isolated graph (localhost
+discovery, a domain id of the run's own) with the quadruped's spec (joint states, IMU and
+odometry in, 8 joint positions out) at each control rate, on the wall clock, acting with
+a [512, 256, 128] actor-critic; this process plays the robot, publishing all three
+sources at twice the control rate (stamped) and answering the reset service. The
+trainer's ``~/status`` reports |period - 1/rate| over its last 2,000 control periods
+(``RobotLink``'s ``PeriodJitter``): p50, p99 and max. Rollouts are long enough that no
+update falls in the measurement (an update holds the robot by design).
+
+Assembly: ``RobotSteps.tick`` on the quadruped spec, in process: building the observation,
+the reward and the termination of one step from the newest samples, per step (us), and
+``ObservationBuilder.build_from`` alone.
+
+Prints the CPU model; the last line is ``control_loop p99_ms_50hz=<x> p99_ms_200hz=<x>
+tick_us=<x> observation_us=<x>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import rclpy
+import yaml
+from nav_msgs.msg import Odometry
+from rclpy.executors import SingleThreadedExecutor
+from rclpy.node import Node
+from sensor_msgs.msg import Imu, JointState
+from std_msgs.msg import String
+from std_srvs.srv import Empty
+
+from unilab_ros.robot.samples import ImuSample, JointStateSample, OdometrySample
+from unilab_ros.robot.spec import load_spec, spec_to_dict
+from unilab_ros.robot.steps import RobotSteps
+from unilab_ros.robot.terms import TermContext
+from unilab_ros.sim_train import die_with_parent, isolated_ros_env, node_command, stop
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+from learning import cpu_model  # noqa: E402  (the bench folder is not a package)
+
+SPEC = ROOT / "config" / "robot_specs" / "quadruped.yaml"
+
+
+class _Robot(Node):
+    """Publishes the quadruped's sources at ``rate`` Hz, stamped with the wall clock."""
+
+    def __init__(self, joints: list[str], rate: float) -> None:
+        super().__init__("bench_robot")
+        self.joints = joints
+        self.status: dict = {}
+        self.js = self.create_publisher(JointState, "joint_states", 10)
+        self.imu = self.create_publisher(Imu, "imu", 10)
+        self.odom = self.create_publisher(Odometry, "odom", 10)
+        self.create_service(Empty, "reset", lambda _req, res: res)
+        self.create_subscription(String, "/unilab_trainer/status", self._on_status, 10)
+        self.rng = np.random.default_rng(0)
+        self.create_timer(1.0 / rate, self._publish)
+
+    def _on_status(self, msg: String) -> None:
+        self.status = json.loads(msg.data)
+
+    def _publish(self) -> None:
+        stamp = self.get_clock().now().to_msg()
+        n = len(self.joints)
+        js = JointState(name=self.joints)
+        js.header.stamp = stamp
+        js.position = self.rng.normal(0.0, 0.1, n).tolist()
+        js.velocity = self.rng.normal(0.0, 0.1, n).tolist()
+        js.effort = [0.0] * n
+        self.js.publish(js)
+        imu = Imu()
+        imu.header.stamp = stamp
+        imu.orientation.w = 1.0
+        self.imu.publish(imu)
+        odom = Odometry()
+        odom.header.stamp = stamp
+        odom.pose.pose.orientation.w = 1.0
+        odom.pose.pose.position.z = 0.3
+        self.odom.publish(odom)
+
+
+def jitter(rate: float, seconds: float, out: Path, domain: int) -> dict:
+    """The trainer's period jitter at ``rate`` Hz (its ~/status figures)."""
+    data = spec_to_dict(load_spec(SPEC))
+    data["control_rate"] = rate
+    # Long episodes, no termination: only the control loop is measured.
+    data["terminations"] = [{"kind": "episode_length", "max_steps": 10 ** 7}]
+    spec_path = out / f"spec_{rate:g}.yaml"
+    spec_path.write_text(yaml.safe_dump(data))
+    params = out / f"trainer_{rate:g}.yaml"
+    params.write_text(yaml.safe_dump({"/**/unilab_trainer": {"ros__parameters": {
+        "robot_spec": str(spec_path), "num_steps": int(rate * (seconds + 60)),
+        "checkpoint_dir": str(out / f"run_{rate:g}"), "tensorboard": False,
+        "model": {"actor_hidden_dims": [512, 256, 128], "critic_hidden_dims": [512, 256, 128]},
+    }}}))
+    env = isolated_ros_env(domain)
+    trainer = subprocess.Popen(node_command("unilab_ros.trainer", params, {}), env=env,
+                               stdout=(out / f"trainer_{rate:g}.log").open("w"),
+                               stderr=subprocess.STDOUT, preexec_fn=die_with_parent())
+    os.environ.update({k: env[k] for k in ("ROS_DOMAIN_ID", "ROS_AUTOMATIC_DISCOVERY_RANGE")})
+    rclpy.init()
+    robot = _Robot(list(data["actions"]["joints"]), 2.0 * rate)
+    executor = SingleThreadedExecutor()
+    executor.add_node(robot)
+
+    def spin(until: float, done=lambda: False) -> None:
+        while time.monotonic() < until and not done():
+            executor.spin_once(timeout_sec=0.05)
+
+    try:
+        # Start-up (the warm-up update compiles) and the first steps, then a fresh window:
+        # the figures cover the last 2,000 periods, so wait at least that long.
+        spin(time.monotonic() + 120.0, lambda: robot.status.get("env_steps", 0) > rate)
+        started = robot.status.get("env_steps", 0)
+        spin(time.monotonic() + max(seconds, 2000.0 / rate + 2.0))
+        status = robot.status
+    finally:
+        robot.destroy_node()
+        rclpy.shutdown()
+        stop(trainer)
+    link = status.get("robots", {}).get("quadruped", {})
+    steps = status.get("env_steps", 0) - started
+    if status.get("iteration", 0) or not link:
+        raise RuntimeError(f"{rate} Hz: an update ran or no status ({status})")
+    return {**link["period_jitter"], "steps": steps, "dropped": link.get("steps_dropped"),
+            "stale": link.get("stale_ticks")}
+
+
+def assembly_cost(repeats: int) -> tuple[float, float]:
+    """us per RobotSteps tick (observation, reward, termination) and per observation."""
+    spec = load_spec(SPEC)
+    steps = RobotSteps(spec, np.random.default_rng(0))
+    joints = tuple(spec.actions.joints)
+    rng = np.random.default_rng(1)
+    n = len(joints)
+    samples = {
+        "joints": JointStateSample(joints[::-1], rng.normal(size=n), rng.normal(size=n),
+                                   rng.normal(size=n), stamp=None),
+        "imu": ImuSample(np.array([0.0, 0.0, 0.0, 1.0]), rng.normal(size=3),
+                         rng.normal(size=3), stamp=None),
+        "odom": OdometrySample(np.array([0.0, 0.0, 0.3]), np.array([0.0, 0.0, 0.0, 1.0]),
+                               rng.normal(size=3), rng.normal(size=3), stamp=None),
+    }
+    for name, sample in samples.items():
+        steps.on_sample(name, sample, 0.0)
+    action = np.zeros(n, np.float32)
+    began = time.perf_counter()
+    for i in range(repeats):
+        now = 0.001 * i
+        for name, sample in samples.items():
+            steps.on_sample(name, sample, now)
+        event = steps.tick(now)
+        if steps.needs_reset:
+            steps.start_episode(-1.0)
+        if event is not None:
+            steps.action_sent(event.obs if hasattr(event, "obs") else event.next_obs, action,
+                              0, now)
+    tick_us = (time.perf_counter() - began) / repeats * 1e6
+    ctx = TermContext(samples=samples, previous=samples, commands=steps.commands,
+                      default_pose=spec.default_pose, action=action, previous_action=action,
+                      dt=spec.dt)
+    began = time.perf_counter()
+    for _ in range(repeats):
+        steps.observation.build_from(ctx)
+    return tick_us, (time.perf_counter() - began) / repeats * 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rates", type=float, nargs="+", default=[50.0, 200.0])
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--repeats", type=int, default=20_000)
+    args = parser.parse_args()
+    print(f"cpu: {cpu_model()}")
+    tick_us, obs_us = assembly_cost(args.repeats)
+    print(f"quadruped spec (obs 43, 3 sources): RobotSteps.tick {tick_us:.1f} us per step "
+          f"(observation, reward, termination), observation alone {obs_us:.1f} us")
+    out = Path(tempfile.mkdtemp(prefix="control_loop_"))
+    figures = {}
+    for k, rate in enumerate(args.rates):
+        result = jitter(rate, args.seconds, out, 40 + k)
+        figures[rate] = result
+        print(f"{rate:g} Hz, [512, 256, 128]: period jitter p50 {result['p50_ms']:.3f} ms, "
+              f"p99 {result['p99_ms']:.3f} ms, max {result['max_ms']:.3f} ms over the last "
+              f"2,000 periods; {result['steps']} steps, dropped {result['dropped']}, stale "
+              f"ticks {result['stale']}")
+    line = " ".join(f"p99_ms_{rate:g}hz={r['p99_ms']:.3f}" for rate, r in figures.items())
+    print(f"control_loop {line} tick_us={tick_us:.1f} observation_us={obs_us:.1f}")
+
+
+if __name__ == "__main__":
+    main()
