@@ -140,8 +140,9 @@ def jitter(rate: float, seconds: float, out: Path, domain: int) -> dict:
             "stale": link.get("stale_ticks")}
 
 
-def assembly_cost(repeats: int) -> tuple[float, float]:
-    """us per RobotSteps tick (observation, reward, termination) and per observation."""
+def assembly_cost(repeats: int) -> tuple[float, float, int]:
+    """us per RobotSteps tick (observation, reward, termination) and per observation, and
+    the observation's size."""
     spec = load_spec(SPEC)
     steps = RobotSteps(spec, np.random.default_rng(0))
     joints = tuple(spec.actions.joints)
@@ -176,7 +177,7 @@ def assembly_cost(repeats: int) -> tuple[float, float]:
     began = time.perf_counter()
     for _ in range(repeats):
         steps.observation.build_from(ctx)
-    return tick_us, (time.perf_counter() - began) / repeats * 1e6
+    return tick_us, (time.perf_counter() - began) / repeats * 1e6, steps.observation.dim
 
 
 def main() -> None:
@@ -186,8 +187,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=20_000)
     args = parser.parse_args()
     print(f"cpu: {cpu_model()}")
-    tick_us, obs_us = assembly_cost(args.repeats)
-    print(f"quadruped spec (obs 43, 3 sources): RobotSteps.tick {tick_us:.1f} us per step "
+    tick_us, obs_us, dim = assembly_cost(args.repeats)
+    print(f"quadruped spec (obs {dim}, 3 sources): RobotSteps.tick {tick_us:.1f} us per step "
           f"(observation, reward, termination), observation alone {obs_us:.1f} us")
     out = Path(tempfile.mkdtemp(prefix="control_loop_"))
     figures = {}

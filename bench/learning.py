@@ -86,6 +86,25 @@ SB3_ZOO: dict[str, dict[str, Any]] = {
         "n_epochs": 5, "gae_lambda": 0.9, "max_grad_norm": 0.3, "vf_coef": 0.19816,
     },
 }
+# rl-baselines3-zoo's PPO entries (hyperparams/ppo.yml, commit 00128b5d46d4) for the tasks
+# the development set adds (general_config.py); -v5 keeps the -v3 / -v2 model, observation
+# and reward.
+# Swimmer's and Ant's are the zoo's MuJoCo defaults (normalize, SB3's PPO defaults; the
+# zoo's newer Swimmer entry adds a TimeFeatureWrapper, which is not used here).
+SB3_ZOO.update({
+    "InvertedDoublePendulum-v5": {
+        "normalize": True, "n_envs": 1, "n_steps": 128, "batch_size": 512, "gamma": 0.98,
+        "learning_rate": 0.000155454, "ent_coef": 1.05057e-06, "clip_range": 0.4,
+        "n_epochs": 10, "gae_lambda": 0.8, "max_grad_norm": 0.5, "vf_coef": 0.695929,
+    },
+    "Reacher-v5": {
+        "normalize": True, "n_envs": 1, "n_steps": 512, "batch_size": 32, "gamma": 0.9,
+        "learning_rate": 0.000104019, "ent_coef": 7.52585e-08, "clip_range": 0.3,
+        "n_epochs": 5, "gae_lambda": 1.0, "max_grad_norm": 0.9, "vf_coef": 0.950368,
+    },
+    "Swimmer-v5": {"normalize": True, "gamma": 0.9999},
+    "Ant-v5": {"normalize": True},
+})
 SB3_DEFAULT_ROLLOUT = 2048
 """SB3's default n_steps with the zoo's default single env: one update per 2048 steps."""
 MIN_STEPS_PER_ENV = 16
@@ -425,6 +444,15 @@ def lowest(values: list[float]) -> float:
     return min(values)
 
 
+def late_drop(rows: dict[int, dict]) -> float:
+    """The largest share of its best rolling mean a seed's final one lost: (best - final) /
+    |best| (0: it ended at its best; the no-late-drop target is at most 0.1); nan for a
+    failed run."""
+    drops = [(row["best"] - row["final"]) / max(abs(row["best"]), 1e-9)
+             if "error" not in row else math.nan for row in rows.values()]
+    return max(drops) if drops and not any(math.isnan(d) for d in drops) else math.nan
+
+
 def mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else math.nan
 
@@ -437,7 +465,8 @@ def column(rows: dict[int, dict], pick: str | int) -> list[float]:
     return [row.get(pick, math.nan) for row in rows.values()]
 
 
-def plot_curves(path: Path, raw: dict[str, dict[str, dict[int, dict]]]) -> Path:
+def plot_curves(path: Path, raw: dict[str, dict[str, dict[int, dict]]],
+                tasks: dict[str, Task]) -> Path:
     """One panel per task: median and min-max range over seeds of each way's curve, the
     seeds interpolated onto a common env-step grid (where every seed has a value)."""
     import matplotlib
@@ -446,11 +475,11 @@ def plot_curves(path: Path, raw: dict[str, dict[str, dict[int, dict]]]) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = [name for name in TASKS if any(name in by_task for by_task in raw.values())]
+    names = [name for name in tasks if any(name in by_task for by_task in raw.values())]
     fig, axes = plt.subplots(1, len(names), figsize=(6 * len(names), 4.5), squeeze=False)
     colors = {OURS: "tab:blue", ROS: "tab:green", SB3: "tab:orange"}
     for ax, name in zip(axes[0], names, strict=True):
-        task = TASKS[name]
+        task = tasks[name]
         for kind, by_task in raw.items():
             curves = [np.array([(s, v) for s, v in result["curve"] if math.isfinite(v)])
                       for result in by_task.get(name, {}).values() if "error" not in result]
@@ -489,7 +518,12 @@ def sb3_status() -> tuple[bool, str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
+    parser.add_argument("--tasks", nargs="+", default=None,
+                        help=f"tasks (default: all); shipped configs: {', '.join(TASKS)}; "
+                             "with --config: the development set's")
+    parser.add_argument("--config", type=Path, default=None,
+                        help="train the development set (general_config.DEV_TASKS) from this "
+                             "one params file, only the sizes changed (a name: config/<name>)")
     parser.add_argument("--seeds", nargs="+", type=int, default=None,
                         help="seeds of every part (default: each task's, ROS: its ros_seeds)")
     parser.add_argument("--steps", type=int, default=None, help="env steps per run")
@@ -526,10 +560,30 @@ def main(argv: list[str] | None = None) -> int:
     jobs: list[Job] = []
     sb3_sources: dict[str, str] = {}
     config_dir = args.config_dir.resolve()  # the children run in a temporary directory
+    tasks = TASKS
+    if args.config is not None:
+        from general_config import DEV_TASKS
+
+        tasks = DEV_TASKS
+    names = args.tasks or list(tasks)
+    unknown = sorted(set(names) - set(tasks))
+    if unknown:
+        parser.error(f"unknown tasks {unknown}: choose from {', '.join(tasks)}")
+
+    def budget_of(task: Task) -> int:
+        return args.steps or (task.env_steps // 10 if args.quick else task.env_steps)
+
     with tempfile.TemporaryDirectory(prefix="unilab_learning_") as tmp:
-        for name in args.tasks:
-            task = TASKS[name]
-            budget = args.steps or (task.env_steps // 10 if args.quick else task.env_steps)
+        if args.config is not None:
+            from general_config import task_files
+
+            general = args.config if args.config.is_file() else ROOT / "config" / args.config
+            print(f"general config: {general}")
+            config_dir = task_files(general, Path(tmp) / "config",
+                                    {name: budget_of(tasks[name]) for name in names})
+        for name in names:
+            task = tasks[name]
+            budget = budget_of(task)
             seeds = args.seeds if args.seeds is not None else task.seeds
             jobs += [Job(task, OURS, seed, budget) for seed in seeds]
             if args.ros and task.ros_seeds:
@@ -565,22 +619,23 @@ def main(argv: list[str] | None = None) -> int:
         for name, rows in by_task.items():
             title = {OURS: name, ROS: f"{name} via ROS",
                      SB3: f"{name} SB3 {sb3_note} ({sb3_sources.get(name)})"}[kind]
-            print_table(TASKS[name], rows, title, marks[kind, name])
+            print_table(tasks[name], rows, title, marks[kind, name])
     if args.json is not None:
         args.json.write_text(json.dumps({"summary": summary, "raw": raw}, default=str))
 
     print()
     for kind, by_task in summary.items():
         for name, rows in by_task.items():
-            task = TASKS[name]
+            task = tasks[name]
             first_mark = 100_000 if 100_000 in task.marks else task.marks[0]
             print(f"summary {task.short} {kind}: "
                   f"worst>th={lowest(column(rows, 'worst_after_threshold')):.1f} "
                   f"at_{first_mark // 1000}k_min={lowest(column(rows, first_mark)):.1f} "
-                  f"final_mean={mean(column(rows, 'final')):.1f}")
+                  f"final_mean={mean(column(rows, 'final')):.1f} "
+                  f"late_drop_max={late_drop(rows):.3f}")
 
     if any(raw[kind] for kind in raw) and args.png:
-        print(f"curves: {plot_curves(args.png, raw)}")
+        print(f"curves: {plot_curves(args.png, raw, tasks)}")
 
     pendulum = [summary[kind].get("pendulum", {}) for kind in (OURS, ROS)]
     pendulum_worst = lowest([v for rows in pendulum for v in column(rows, "worst_from_100k")])

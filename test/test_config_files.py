@@ -26,7 +26,8 @@ from unilab_ros.rl.ppo_runtime import PPORuntimeConfig
 from unilab_ros.trainer_config import TrainerNodeConfig
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "config"
-YAML_FILES = sorted(CONFIG_DIR.glob("*.yaml"))
+YAML_FILES = sorted(CONFIG_DIR.glob("*.yaml")) + sorted(
+    (CONFIG_DIR / "robot_train").glob("*.yaml"))
 
 NODE_CONFIGS: dict[str, list[tuple[str, type]]] = {
     "unilab_trainer": [
