@@ -22,6 +22,7 @@ from sensor_msgs.msg import JointState
 from std_msgs.msg import Float64MultiArray, String
 from std_srvs.srv import Empty, Trigger
 
+from unilab_ros.params import ConfigError
 from unilab_ros.policy_node import PolicyNode
 from unilab_ros.rl.bundle import load_bundle, read_policy, save_bundle
 from unilab_ros.rl.onnx_export import actor_graph
@@ -286,3 +287,19 @@ def test_the_spec_travels_through_the_bundle_and_the_onnx_metadata(tiny_bundle, 
     assert json.loads(props["robot_spec"])["name"] == "tiny"
     with pytest.raises(ValueError, match="makes obs 3 -> action 1"):
         spec_of(bundle.robot, 4, 1)
+
+
+def test_a_spec_error_names_the_field_and_the_trainer_refuses_to_start(context, tmp_path):
+    broken = spec_file(tmp_path, observation=[{"kind": "joint_pos_rel", "source": "joints",
+                                               "joints": ["a", "knee"]}])
+    with pytest.raises(ConfigError, match=r"observation\[0\]\.joints\[1\]: 'knee'"):
+        trainer(context, tmp_path, broken)
+
+
+def test_the_spec_mapping_replaces_action_parameters_given_beside_it(context, tmp_path,
+                                                                    rig_factory):
+    node = trainer(context, tmp_path, spec_file(tmp_path), action_scale=[3.0])
+    rig_factory(node, FakeRobot(context))
+    assert node.loop.actions.scale.tolist() == [1.0]
+    assert node.loop.actions.high.tolist() == [0.5] and node.loop.actions.low.tolist() == [-0.5]
+    assert node.loop.actions.safe.tolist() == [[0.125]]

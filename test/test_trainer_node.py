@@ -572,13 +572,17 @@ def _wait_for_lines(process: subprocess.Popen, lines: list[str], text: str, coun
         ("update_trigger:=sometimes", "update_trigger must be one of"),
         ("resume_from:=/nonexistent.safetensors", "no checkpoint at"),
         ("model.actor_hidden_dims:=[]", "has no value"),
+        ("robot_spec:=walker", "robot_spec 'walker' is neither a file nor a shipped spec "
+                               "(cartpole, quadruped, reacher)"),
+        ("obs_dim:=7", "obs_dim is 7, but robot spec 'cartpole' makes it 4"),
     ],
 )
 def test_main_exits_2_with_a_one_line_reason_on_a_bad_parameter(
     ros_domain_env, tmp_path, argument, reason
 ):
+    spec = ("-p", "robot_spec:=cartpole") if argument.startswith("obs_dim") else ()
     result = subprocess.run(
-        _trainer_command("-p", argument, "-p", f"checkpoint_dir:={tmp_path}"),
+        _trainer_command("-p", argument, *spec, "-p", f"checkpoint_dir:={tmp_path}"),
         capture_output=True,
         text=True,
         timeout=60,
