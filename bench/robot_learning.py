@@ -73,11 +73,30 @@ def train(robot: str, seed: int, iterations: int, rtf: float, out: Path,
         stop(trainer)
         stop(sim)
     wall = time.monotonic() - began
+    (out / "wall_s.txt").write_text(f"{wall:.1f}\n")
     with (out / "metrics.csv").open() as f:
         rows = list(csv.DictReader(f))
     if trainer.returncode != 0 or not rows:
         tail = (out / "trainer.log").read_text()[-2000:]
         raise RuntimeError(f"{robot} seed {seed}: trainer rc {trainer.returncode}\n{tail}")
+    return {"rows": rows, "wall": wall}
+
+
+def finished(run: Path, iterations: int) -> dict | None:
+    """A training already in ``run`` with all its iterations (wall time from its file, else
+    from the trainer log's first and last stamps), or None."""
+    if not (run / "metrics.csv").is_file():
+        return None
+    with (run / "metrics.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    if len(rows) < iterations:
+        return None
+    if (run / "wall_s.txt").is_file():
+        wall = float((run / "wall_s.txt").read_text())
+    else:
+        stamps = [float(line.split("] [", 2)[1].strip("[]")) for line in
+                  (run / "trainer.log").read_text().splitlines() if line.startswith("[")]
+        wall = stamps[-1] - stamps[0]
     return {"rows": rows, "wall": wall}
 
 
@@ -95,9 +114,9 @@ class _Operator(Node):
 
 
 def deploy(robot: str, policy: Path, episodes: int, rtf: float, out: Path, domain: int,
-           timeout: float) -> list[float]:
+           timeout: float) -> dict[str, list]:
     """The deployed policy's episode returns on a fresh robot process (the robot reset
-    after each episode, as in training)."""
+    after each episode, as in training), and each episode's last reward-term values."""
     env = isolated_ros_env(domain)
     sim = _start("unilab_ros.sims.mujoco_robot_node", ROOT / "config" / "robots" /
                  f"{robot}.yaml", {"real_time_factor": str(rtf), "seed": "12345"}, env,
@@ -113,7 +132,7 @@ def deploy(robot: str, policy: Path, episodes: int, rtf: float, out: Path, domai
     executor = SingleThreadedExecutor()
     executor.add_node(operator)
     deadline = time.monotonic() + timeout
-    returns: list[float] = []
+    status: dict = {}
     try:
         for transition in (Transition.TRANSITION_CONFIGURE, Transition.TRANSITION_ACTIVATE):
             while not operator.change.service_is_ready() and time.monotonic() < deadline:
@@ -126,8 +145,8 @@ def deploy(robot: str, policy: Path, episodes: int, rtf: float, out: Path, domai
                                    f"{out / 'deploy_policy.log'}")
         while time.monotonic() < deadline:
             executor.spin_once(timeout_sec=0.5)
-            returns = operator.status.get("robot", {}).get("episode_returns", [])
-            if len(returns) >= episodes:
+            status = operator.status.get("robot", {})
+            if len(status.get("episode_returns", [])) >= episodes:
                 break
     finally:
         operator.destroy_node()
@@ -139,12 +158,17 @@ def deploy(robot: str, policy: Path, episodes: int, rtf: float, out: Path, domai
                 os.environ[key] = value
         stop(node)
         stop(sim)
-    return returns[:episodes]
+    return {"returns": status.get("episode_returns", [])[:episodes],
+            "final_terms": status.get("episode_final_terms", [])[:episodes]}
 
 
 def _at(rows: list[dict], mark: int, key: str) -> float:
-    below = [float(r[key]) for r in rows if int(r["env_steps"]) <= mark and r[key] != ""]
-    return below[-1] if below and int(rows[-1]["env_steps"]) >= mark else math.nan
+    below = [float(r[key]) for r in rows if _steps(r) <= mark and r[key] != ""]
+    return below[-1] if below and _steps(rows[-1]) >= mark else math.nan
+
+
+def _steps(row: dict) -> int:
+    return int(float(row["env_steps"]))
 
 
 def main() -> None:
@@ -156,6 +180,8 @@ def main() -> None:
     parser.add_argument("--real-time-factor", type=float, default=4.0)
     parser.add_argument("--deploy-episodes", type=int, default=5)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--reuse", action="store_true",
+                        help="take a seed's finished training from --out instead of training")
     args = parser.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix=f"robot_learning_{args.robot}_"))
     print(f"cpu: {cpu_model()}; robot {args.robot}, real_time_factor "
@@ -164,22 +190,29 @@ def main() -> None:
     for seed in args.seeds:
         run = out / f"seed{seed}"
         iterations = args.iterations or _file_iterations(args.robot)
-        result = train(args.robot, seed, iterations, args.real_time_factor, run,
-                       60 + seed)
+        result = (finished(run, iterations) if args.reuse else None) or train(
+            args.robot, seed, iterations, args.real_time_factor, run, 60 + seed)
         rows = result["rows"]
         marks = "  ".join(f"{m // 1000}k {_at(rows, m, 'mean_return'):.2f}" for m in MARKS
-                          if m <= int(rows[-1]["env_steps"]))
+                          if m <= _steps(rows[-1]))
         returns = [float(r["mean_return"]) for r in rows if r["mean_return"] != ""]
         best, final = max(returns), returns[-1]
         finals.append(final)
-        print(f"seed {seed}: {rows[-1]['env_steps']} env steps in {result['wall']:.0f} s "
-              f"({int(rows[-1]['env_steps']) / result['wall']:.0f} steps/s) | mean return "
+        print(f"seed {seed}: {_steps(rows[-1])} env steps in {result['wall']:.0f} s "
+              f"({_steps(rows[-1]) / result['wall']:.0f} steps/s) | mean return "
               f"at {marks} | best {best:.2f} final {final:.2f} | final length "
               f"{float(rows[-1]['mean_length']):.0f} | dropped "
               f"{rows[-1]['steps_dropped']} stale {rows[-1]['stale_cuts']}")
-        episodes = deploy(args.robot, run / "best.safetensors", args.deploy_episodes,
-                          args.real_time_factor, run, 80 + seed, timeout=600.0)
+        deployed_run = deploy(args.robot, run / "best.safetensors", args.deploy_episodes,
+                              args.real_time_factor, run, 80 + seed, timeout=600.0)
+        episodes = deployed_run["returns"]
         mean = sum(episodes) / len(episodes) if episodes else math.nan
+        distances = [value for terms in deployed_run["final_terms"]
+                     for key, value in terms.items() if key.endswith("site_distance")]
+        if distances:
+            print(f"seed {seed}: deployed final site distance {1000 * min(distances):.1f} .. "
+                  f"{1000 * max(distances):.1f} mm (mean "
+                  f"{1000 * sum(distances) / len(distances):.1f} mm)")
         deployed.append((mean, best))
         print(f"seed {seed}: deployed best policy on a fresh robot: {len(episodes)} "
               f"episodes, mean return {mean:.2f} (training best {best:.2f}, "

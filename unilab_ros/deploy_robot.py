@@ -56,6 +56,9 @@ class DeployedRobot:
         """Called on every active tick (the node's watchdog: ticks are its sign of life)."""
         self._return = 0.0
         self.returns: deque[float] = deque(maxlen=RETURNS_KEPT)
+        self.final_terms: deque[dict[str, float]] = deque(maxlen=RETURNS_KEPT)
+        """Each kept episode's last step: every reward term's value, by index:kind."""
+        self._last_terms: dict[str, float] = {}
         self._held = False
         self._ending = False
 
@@ -81,6 +84,7 @@ class DeployedRobot:
         event = steps.tick(now)
         if isinstance(event, Transition):
             self._return += float(event.reward[0])
+            self._last_terms = self._term_values()
         if not steps.needs_reset:
             self._ending = False
         if steps.needs_reset:
@@ -128,12 +132,22 @@ class DeployedRobot:
     def _keep_return(self) -> None:
         self._ending = True
         self.returns.append(self._return)
+        self.final_terms.append(self._last_terms)
         self._return = 0.0
+
+    def _term_values(self) -> dict[str, float]:
+        """The latest step's value of each reward term (its share / (weight x dt)): the
+        distance left at an episode's end, say."""
+        spec = self.steps.spec
+        return {f"{i}:{term.kind}": round(share / (term.weight * spec.dt), 6)
+                for i, (term, share) in enumerate(zip(spec.rewards, self.steps.reward_shares,
+                                                      strict=True)) if term.weight}
 
     def status(self) -> dict[str, Any]:
         returns = list(self.returns)
         return {**self.link.status(self.link.now()), "episodes": len(returns),
                 "episode_returns": [round(r, 4) for r in returns],
+                "episode_final_terms": list(self.final_terms),
                 "mean_return": round(float(np.mean(returns)), 4) if returns else None,
                 "held_after_failure": self._held}
 
