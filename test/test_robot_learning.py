@@ -3,7 +3,7 @@ on sim time (joint_states out, effort commands in, a reset service) and the trai
 reading config/robot_specs/cartpole.yaml, as two processes on a graph of their own.
 
 An episode is up to 1,000 control steps at 50 Hz; a random policy lets the pole fall in
-about 26. Under CI (UNILAB_CI=1) one seed trains 10 iterations (20k env steps, about two
+about 26. Under CI (UNILAB_CI=1) one seed trains 10 iterations (20k env steps, about a
 minute at real_time_factor 8) and must have at least doubled its mean episode length; the
 full run trains 100 iterations (200k env steps) and must balance for most of the episode.
 Then the best policy, deployed by policy_node on a fresh robot process, must keep the pole
