@@ -201,8 +201,7 @@ class TrainingLoop:
         return self.step(r, event, now)
 
     def hold(self, r: int) -> np.ndarray:
-        """Robot ``r`` is sent the safe action (its data are stale, an update runs, it is
-        reset): the command; the policy blends in again from it."""
+        """Robot ``r`` gets the safe action now; the policy blends in from it."""
         return self.robots[r].guard.hold()
 
     def _collecting(self) -> bool:
