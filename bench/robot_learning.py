@@ -203,7 +203,10 @@ def main() -> None:
               f"at {marks} | best {best:.2f} final {final:.2f} | final length "
               f"{float(rows[-1]['mean_length']):.0f} | dropped "
               f"{rows[-1]['steps_dropped']} stale {rows[-1]['stale_cuts']}")
-        deployed_run = deploy(args.robot, run / "best.safetensors", args.deploy_episodes,
+        # The best policy needs 100 finished episodes; a shorter run deploys its last one.
+        policy = run / "best.safetensors"
+        policy = policy if policy.is_file() else run / "latest.safetensors"
+        deployed_run = deploy(args.robot, policy, args.deploy_episodes,
                               args.real_time_factor, run, 80 + seed, timeout=600.0)
         episodes = deployed_run["returns"]
         mean = sum(episodes) / len(episodes) if episodes else math.nan
@@ -214,7 +217,7 @@ def main() -> None:
                   f"{1000 * max(distances):.1f} mm (mean "
                   f"{1000 * sum(distances) / len(distances):.1f} mm)")
         deployed.append((mean, best))
-        print(f"seed {seed}: deployed best policy on a fresh robot: {len(episodes)} "
+        print(f"seed {seed}: deployed {policy.name} on a fresh robot: {len(episodes)} "
               f"episodes, mean return {mean:.2f} (training best {best:.2f}, "
               f"{100 * (mean - best) / abs(best):+.1f}%)")
     worst = min(abs(m - b) / abs(b) for m, b in deployed) if deployed else math.nan
