@@ -242,12 +242,18 @@ def policy(context, bundle, **overrides):
         Parameter(name, value=value) for name, value in params.items()])
 
 
-def test_the_deployed_policy_builds_the_spec_observation_and_commands_joints(
-        context, tiny_bundle, rig_factory):
-    robot = FakeRobot(context, names=("a", "b"))
-    node = policy(context, tiny_bundle)
+def configured(context, bundle, rig_factory, names):
+    """A policy node configured with ``bundle`` beside a fake robot of joints ``names``."""
+    robot = FakeRobot(context, names=names)
+    node = policy(context, bundle)
     rig = rig_factory(node, robot)
     node.trigger_configure()
+    return node, rig, robot
+
+
+def test_the_deployed_policy_builds_the_spec_observation_and_commands_joints(
+        context, tiny_bundle, rig_factory):
+    node, rig, robot = configured(context, tiny_bundle, rig_factory, ("a", "b"))
     assert rig.spin_until(lambda: node.robot.link.heard_all)
     node.trigger_activate()
     assert node.state == "active"
@@ -258,16 +264,11 @@ def test_the_deployed_policy_builds_the_spec_observation_and_commands_joints(
     assert returns[0] == pytest.approx(MAX_STEPS * 0.02)
     values = np.concatenate(robot.commands)
     assert np.all(np.abs(values) <= 1.0)
-    # Deterministic: the same observation gives the command the bundle's actor gives.
-    obs = node.robot.steps.observation
-    assert obs.dim == 3
+    assert node.robot.steps.observation.dim == 3
 
 
 def test_deploy_refuses_a_robot_whose_joints_do_not_match(context, tiny_bundle, rig_factory):
-    robot = FakeRobot(context, names=("b", "wrist"))
-    node = policy(context, tiny_bundle)
-    rig = rig_factory(node, robot)
-    node.trigger_configure()
+    node, rig, robot = configured(context, tiny_bundle, rig_factory, ("b", "wrist"))
     assert rig.spin_until(lambda: node.robot.link.joint_error)
     node.trigger_activate()
     assert node.state == "inactive"

@@ -29,7 +29,31 @@ class ActionOutputConfig:
             raise ValueError(f"action_msg_type must be one of {ACTION_MSG_TYPES}")
 
 
-class ActionOutput:
+class CommandPublisher:
+    """A node's command publisher: a lifecycle node's sends only while the node is active.
+    ``ActionOutput`` and the robot spec's ``robot_link.JointCommandOutput`` publish through
+    it."""
+
+    def __init__(self, node: Node, message_type: type, topic: str, qos: QoSProfile) -> None:
+        self._node = node
+        self._lifecycle = isinstance(node, LifecycleNode)
+        create = node.create_lifecycle_publisher if self._lifecycle else node.create_publisher
+        self.message_type = message_type
+        self._publisher = create(message_type, topic, qos, qos_overriding_options=overridable())
+
+    @property
+    def topic_name(self) -> str:
+        """The resolved topic name (namespace and remaps applied)."""
+        return self._publisher.topic_name
+
+    def destroy(self) -> None:
+        if self._lifecycle:
+            self._node.destroy_lifecycle_publisher(self._publisher)
+        else:
+            self._node.destroy_publisher(self._publisher)
+
+
+class ActionOutput(CommandPublisher):
     """Publishes (num_envs, action_dim) commands on ``topic`` in the configured type."""
 
     def __init__(
@@ -37,20 +61,9 @@ class ActionOutput:
     ) -> None:
         float64 = cfg.action_msg_type == "float64"
         self._to_msg = to_float64_msg if float64 else to_float32_msg
-        self._node = node
-        # A lifecycle node's publisher sends only while the node is active.
-        self._lifecycle = isinstance(node, LifecycleNode)
-        create = node.create_lifecycle_publisher if self._lifecycle else node.create_publisher
-        self.message_type = Float64MultiArray if float64 else Float32MultiArray
         self.dtype = np.float64 if float64 else np.float32
         """What one element of a published command is on the wire."""
-        self._publisher = create(self.message_type, topic, qos,
-                                 qos_overriding_options=overridable())
-
-    @property
-    def topic_name(self) -> str:
-        """The resolved topic name (namespace and remaps applied)."""
-        return self._publisher.topic_name
+        super().__init__(node, Float64MultiArray if float64 else Float32MultiArray, topic, qos)
 
     def wire(self, command: np.ndarray) -> bytes:
         """The data ``publish`` sends for ``command``, as bytes (to tell one's own commands
@@ -64,9 +77,3 @@ class ActionOutput:
 
     def publish(self, command: np.ndarray) -> None:
         self._publisher.publish(self._to_msg(command, ("env", "action")))
-
-    def destroy(self) -> None:
-        if self._lifecycle:
-            self._node.destroy_lifecycle_publisher(self._publisher)
-        else:
-            self._node.destroy_publisher(self._publisher)

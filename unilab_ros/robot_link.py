@@ -18,19 +18,25 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from rclpy.lifecycle import LifecycleNode
 from rclpy.node import Node
 from rclpy.qos import QoSProfile
 from std_srvs.srv import Empty, Trigger
 from trajectory_msgs.msg import JointTrajectory
 
+from unilab_ros.action_output import CommandPublisher
 from unilab_ros.loop.counters import Counters
 from unilab_ros.messages import MessageError
 from unilab_ros.qos import overridable
 from unilab_ros.robot.actions import JointCommands
 from unilab_ros.robot.spec_types import RobotSpec
 from unilab_ros.robot.steps import RobotSteps
-from unilab_ros.ros_robot_io import command_message, command_message_type, message_type, to_sample
+from unilab_ros.ros_robot_io import (
+    POINT_FIELDS,
+    command_message,
+    command_message_type,
+    message_type,
+    to_sample,
+)
 
 WARN_PERIOD = 5.0
 """Seconds between repeats of one kind of warning."""
@@ -40,23 +46,14 @@ LINK_COUNTERS = ("rejected_messages", "joint_mismatches", "reset_calls", "reset_
                  "operator_resets")
 
 
-class JointCommandOutput:
+class JointCommandOutput(CommandPublisher):
     """Publishes commands in policy units (the loop's, one row) as the spec's joint commands;
     the output interface ``graph_checks.RivalWatch`` publishes through."""
 
     def __init__(self, node: Node, spec: RobotSpec, qos: QoSProfile, topic: str) -> None:
         self.spec = spec
         self.joints = JointCommands(spec)
-        self.message_type = command_message_type(spec)
-        self._node = node
-        self._lifecycle = isinstance(node, LifecycleNode)
-        create = node.create_lifecycle_publisher if self._lifecycle else node.create_publisher
-        self._publisher = create(self.message_type, topic, qos,
-                                 qos_overriding_options=overridable())
-
-    @property
-    def topic_name(self) -> str:
-        return self._publisher.topic_name
+        super().__init__(node, command_message_type(spec), topic, qos)
 
     def wire(self, command: np.ndarray) -> bytes:
         """The joint values ``publish`` sends for ``command``, as bytes (to tell one's own
@@ -67,19 +64,12 @@ class JointCommandOutput:
         """The joint values of a command message heard on the topic, as bytes."""
         if isinstance(msg, JointTrajectory):
             point = msg.points[0] if msg.points else None
-            field = {"position": "positions", "velocity": "velocities", "effort": "effort"}
-            values = getattr(point, field[self.joints.interface]) if point else []
+            values = getattr(point, POINT_FIELDS[self.joints.interface]) if point else []
             return np.asarray(values, np.float64).tobytes()
         return np.asarray(msg.data, np.float64).tobytes()
 
     def publish(self, command: np.ndarray) -> None:
         self._publisher.publish(command_message(self.spec, self.joints(command)))
-
-    def destroy(self) -> None:
-        if self._lifecycle:
-            self._node.destroy_lifecycle_publisher(self._publisher)
-        else:
-            self._node.destroy_publisher(self._publisher)
 
 
 class PeriodJitter:

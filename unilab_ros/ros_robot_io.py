@@ -246,12 +246,12 @@ def command_message(spec: RobotSpec, values: np.ndarray, stamp: float | None = N
         return to_float64_msg(command, ("joints",))
     point = JointTrajectoryPoint(time_from_start=Duration(**_split(spec.dt)))
     # Assigned as a list: rosidl turns it into array.array('d') once (a few joints).
-    setattr(point, _POINT_FIELDS[actions.interface], command.tolist())
+    setattr(point, POINT_FIELDS[actions.interface], command.tolist())
     header = Header() if stamp is None else Header(stamp=Time(**_split(stamp)))
     return JointTrajectory(header=header, joint_names=list(actions.joints), points=[point])
 
 
-_POINT_FIELDS = {"position": "positions", "velocity": "velocities", "effort": "effort"}
+POINT_FIELDS = {"position": "positions", "velocity": "velocities", "effort": "effort"}
 """The JointTrajectoryPoint field each interface fills (effort is singular in the msg)."""
 
 
