@@ -30,6 +30,10 @@ acts) at each mark over EVAL_EPISODES fresh episodes, as rl-zoo reports its resu
 a rolling mean of 100 InvertedPendulum episodes of 1,000 steps cannot read 1,000 before
 100 x 1,000 env steps, whatever the policy. ip_eval_at_100k_min is the lowest evaluation
 at 100k over seeds, ip_eval_min_from_100k the lowest from 100k to the end.
+After training, the final policy is frozen and keeps acting as in training over a stream
+of up to 400 episodes (``policy_checks.frozen_spread``): the range of its rolling means and
+the largest drop from a best window to a later one are the noise floor of the late-drop
+figure; frozen_drop_max in each summary line is the largest over seeds.
 nan: not measured (or a run failed, which is printed above).
 
 Floating-point rounding differs between CPUs, so a claim holds over seeds or not at all.
@@ -51,13 +55,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from policy_checks import EVAL_EPISODES, evaluate, frozen_spread
+
 ROOT = Path(__file__).resolve().parents[1]
 ROS_STEPS = 150_000
 """Default budget through ROS: the issue's target for ROS seeds holds through 150k."""
-EVAL_EPISODES = 10
-"""Episodes (one per fresh env) in each evaluation of the deterministic policy."""
-EVAL_SEED = 10_000
-"""Evaluation envs are seeded from here (+1000 per training seed), apart from training's."""
 HOLD_FROM = 100_000
 """pendulum_worst looks from here on: the target is >= -250 from 100k through the end."""
 
@@ -198,38 +200,11 @@ def run_one(params_file: Path, seed: int, env_steps: int, marks: tuple[int, ...]
 
     start = time.perf_counter()
     best = BestPolicy()
-    train(setup, iterations, record, best)
+    agent, _ = train(setup, iterations, record, best)
     wall = time.perf_counter() - start
     return {"curve": curve, "wall_s": wall, "kl_max": max(kl_max, default=0.0),
-            "best_iteration": best.iteration, "evaluations": evaluations}
-
-
-def evaluate(agent, setup, seed: int, episodes: int = EVAL_EPISODES) -> float:
-    """Mean return of the deterministic policy (the action mean, as a deployment acts)
-    over one episode in each of ``episodes`` fresh envs, seeded apart from training's."""
-    import numpy as np
-
-    from unilab_ros.gym_vector import GymVectorSim
-    from unilab_ros.rl.actions import ActionMapper
-    from unilab_ros.rl.policy import PolicySampler
-
-    sim = GymVectorSim(setup.env_id, episodes, EVAL_SEED + 1000 * seed,
-                       setup.max_episode_steps)
-    try:
-        # Its own sampler: evaluation must not touch the training's noise stream.
-        policy = PolicySampler(agent.model, 0)
-        to_env = ActionMapper(setup.actions, episodes, setup.agent.action_dim)
-        returns, running = np.full(episodes, np.nan), np.zeros(episodes)
-        obs = sim.reset()
-        while np.isnan(returns).any():
-            step = sim.step(to_env(policy(obs, deterministic=True)))
-            running += step.reward
-            ended = (step.done != 0) & np.isnan(returns)
-            returns[ended] = running[ended]
-            obs = step.observation
-        return float(returns.mean())
-    finally:
-        sim.close()
+            "best_iteration": best.iteration, "evaluations": evaluations,
+            "frozen": frozen_spread(agent, setup, seed)}
 
 
 def sb3_settings(env_id: str, num_envs: int) -> tuple[dict[str, Any], bool, str]:
@@ -400,6 +375,7 @@ def summarize(task: Task, result: dict, marks: tuple[int, ...] | None = None) ->
     return {
         "marks": {mark: at(mark) for mark in (marks or task.marks)},
         "evaluations": evaluations,
+        "frozen": result.get("frozen"),
         "best": max(values, default=math.nan),
         "final": values[-1] if values else math.nan,
         "worst_after_threshold": worst_after,
@@ -434,6 +410,14 @@ def print_table(task: Task, rows: dict[int, dict], title: str | None = None,
         for seed, evaluations in evaluated.items():
             values = " ".join(f"{evaluations.get(mark, math.nan):8.1f}" for mark in marks)
             print(f"{seed:>4} {values}")
+    frozen = {seed: row["frozen"] for seed, row in sorted(rows.items()) if row.get("frozen")}
+    if frozen:
+        print("final policy frozen (sampled actions, no update): rolling means of 100 over "
+              "a stream of its episodes")
+        for seed, spread in frozen.items():
+            print(f"{seed:>4} {spread['min']:8.1f} .. {spread['max']:8.1f} over "
+                  f"{spread['episodes']:.0f} episodes; largest drop from a best window "
+                  f"{spread['drop']:.3f}")
 
 
 def lowest(values: list[float]) -> float:
@@ -450,6 +434,14 @@ def late_drop(rows: dict[int, dict]) -> float:
     failed run."""
     drops = [(row["best"] - row["final"]) / max(abs(row["best"]), 1e-9)
              if "error" not in row else math.nan for row in rows.values()]
+    return max(drops) if drops and not any(math.isnan(d) for d in drops) else math.nan
+
+
+def frozen_drop(rows: dict[int, dict]) -> float:
+    """The largest late drop a frozen final policy showed over the seeds (nan: not
+    measured): the noise floor ``late_drop`` is read against."""
+    drops = [row["frozen"]["drop"] if row.get("frozen") else math.nan
+             for row in rows.values()]
     return max(drops) if drops and not any(math.isnan(d) for d in drops) else math.nan
 
 
@@ -632,7 +624,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"worst>th={lowest(column(rows, 'worst_after_threshold')):.1f} "
                   f"at_{first_mark // 1000}k_min={lowest(column(rows, first_mark)):.1f} "
                   f"final_mean={mean(column(rows, 'final')):.1f} "
-                  f"late_drop_max={late_drop(rows):.3f}")
+                  f"late_drop_max={late_drop(rows):.3f} "
+                  f"frozen_drop_max={frozen_drop(rows):.3f}")
 
     if any(raw[kind] for kind in raw) and args.png:
         print(f"curves: {plot_curves(args.png, raw, tasks)}")
