@@ -10,13 +10,15 @@ Nothing else differs between the tasks.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import yaml
 from learning import Task
 
 DEV_TASKS = {
-    task.name: task
+    # Seed 0 also trains through ROS, for the task's whole budget.
+    task.name: replace(task, ros_seeds=(0,), ros_full_budget=True)
     for task in (
         Task("pendulum", "pendulum", "dev_pendulum.yaml", 300_000, (0, 1, 2), -200.0,
              (50_000, 100_000, 200_000, 300_000)),

@@ -128,6 +128,8 @@ class Task:
     marks: tuple[int, ...]
     ros_seeds: tuple[int, ...] = ()
     """Seeds also trained through ROS (sim_train); empty: in-process only."""
+    ros_full_budget: bool = False
+    """Through ROS for the task's own budget (not ROS_STEPS): the same run as in-process."""
 
 
 TASKS = {
@@ -518,13 +520,16 @@ def main(argv: list[str] | None = None) -> int:
                              "one params file, only the sizes changed (a name: config/<name>)")
     parser.add_argument("--seeds", nargs="+", type=int, default=None,
                         help="seeds of every part (default: each task's, ROS: its ros_seeds)")
+    parser.add_argument("--sb3-seeds", nargs="+", type=int, default=None,
+                        help="SB3's seeds, when fewer than ours fit the time (default: ours)")
     parser.add_argument("--steps", type=int, default=None, help="env steps per run")
     parser.add_argument("--jobs", type=int, default=2, help="runs in parallel")
     parser.add_argument("--quick", action="store_true", help="a tenth of each budget")
     parser.add_argument("--ros", action=argparse.BooleanOptionalAction, default=True,
                         help="also train through ROS (sim_train), tasks with ros_seeds")
     parser.add_argument("--ros-steps", type=int, default=None,
-                        help=f"env steps per ROS run (default {ROS_STEPS})")
+                        help=f"env steps per ROS run (default {ROS_STEPS}; the "
+                             "development set: each task's budget)")
     parser.add_argument("--sb3", action=argparse.BooleanOptionalAction, default=None,
                         help="also train Stable-Baselines3 PPO (default: when it imports)")
     parser.add_argument("--png", type=Path, default=ROOT / "bench" / "learning.png",
@@ -548,7 +553,6 @@ def main(argv: list[str] | None = None) -> int:
     run_sb3_part = sb3_ok and args.sb3 is not False
     if args.sb3 is not False and not sb3_ok:
         print(f"SB3: skipped ({sb3_note})")
-    ros_budget = args.ros_steps or (ROS_STEPS // 10 if args.quick else ROS_STEPS)
     jobs: list[Job] = []
     sb3_sources: dict[str, str] = {}
     config_dir = args.config_dir.resolve()  # the children run in a temporary directory
@@ -580,9 +584,13 @@ def main(argv: list[str] | None = None) -> int:
             jobs += [Job(task, OURS, seed, budget) for seed in seeds]
             if args.ros and task.ros_seeds:
                 ros_seeds = args.seeds if args.seeds is not None else task.ros_seeds
+                ros_budget = args.ros_steps or (
+                    budget if task.ros_full_budget
+                    else ROS_STEPS // 10 if args.quick else ROS_STEPS)
                 jobs += [Job(task, ROS, seed, ros_budget) for seed in ros_seeds]
             if run_sb3_part:
-                jobs += [Job(task, SB3, seed, budget) for seed in seeds]
+                sb3_seeds = args.sb3_seeds if args.sb3_seeds is not None else seeds
+                jobs += [Job(task, SB3, seed, budget) for seed in sb3_seeds]
                 env_id, num_envs, _ = task_env(task, config_dir)
                 sb3_sources[name] = sb3_settings(env_id, num_envs)[2]
         # Domain ids distinct per ROS run (1..100, repeating only 100 runs apart), offset
