@@ -33,7 +33,10 @@ at 100k over seeds, ip_eval_min_from_100k the lowest from 100k to the end.
 After training, the final policy is frozen and keeps acting as in training over a stream
 of up to 400 episodes (``policy_checks.frozen_spread``): the range of its rolling means and
 the largest drop from a best window to a later one are the noise floor of the late-drop
-figure; frozen_drop_max in each summary line is the largest over seeds.
+figure; frozen_drop_max in each summary line is the largest over seeds. The kept best
+policy (what best.safetensors holds) then acts over the very same stream (the same
+initial states and noise): paired_drop_max is the largest (best - final) / |best| of the
+two mean returns over seeds, the late drop without the noise of comparing two windows.
 nan: not measured (or a run failed, which is printed above).
 
 Floating-point rounding differs between CPUs, so a claim holds over seeds or not at all.
@@ -204,9 +207,16 @@ def run_one(params_file: Path, seed: int, env_steps: int, marks: tuple[int, ...]
     best = BestPolicy()
     agent, _ = train(setup, iterations, record, best)
     wall = time.perf_counter() - start
+    frozen = frozen_spread(agent, setup, seed)
+    frozen_best = None
+    if best.parameters is not None:
+        # The kept best policy over the very same stream (initial states and noise): the
+        # late drop without the episode-to-episode noise of two different windows.
+        agent.model.update(best.parameters)
+        frozen_best = frozen_spread(agent, setup, seed)
     return {"curve": curve, "wall_s": wall, "kl_max": max(kl_max, default=0.0),
             "best_iteration": best.iteration, "evaluations": evaluations,
-            "frozen": frozen_spread(agent, setup, seed)}
+            "frozen": frozen, "frozen_best": frozen_best}
 
 
 def sb3_settings(env_id: str, num_envs: int) -> tuple[dict[str, Any], bool, str]:
@@ -378,6 +388,8 @@ def summarize(task: Task, result: dict, marks: tuple[int, ...] | None = None) ->
         "marks": {mark: at(mark) for mark in (marks or task.marks)},
         "evaluations": evaluations,
         "frozen": result.get("frozen"),
+        "frozen_best": result.get("frozen_best"),
+        "best_iteration": result.get("best_iteration"),
         "best": max(values, default=math.nan),
         "final": values[-1] if values else math.nan,
         "worst_after_threshold": worst_after,
@@ -420,6 +432,14 @@ def print_table(task: Task, rows: dict[int, dict], title: str | None = None,
             print(f"{seed:>4} {spread['min']:8.1f} .. {spread['max']:8.1f} over "
                   f"{spread['episodes']:.0f} episodes; largest drop from a best window "
                   f"{spread['drop']:.3f}")
+    paired = {seed: row for seed, row in sorted(rows.items()) if row.get("frozen_best")}
+    if paired:
+        print("final and kept best policy (best.safetensors) over the same stream of "
+              "episodes: mean returns, and (best - final) / |best|")
+        for seed, row in paired.items():
+            final, best = row["frozen"]["mean"], row["frozen_best"]["mean"]
+            print(f"{seed:>4} final {final:9.1f}, best (iteration {row['best_iteration']}) "
+                  f"{best:9.1f}: drop {relative_drop(best, final):.3f}")
 
 
 def lowest(values: list[float]) -> float:
@@ -430,21 +450,37 @@ def lowest(values: list[float]) -> float:
     return min(values)
 
 
+def largest(values: list[float]) -> float:
+    """The maximum, or nan when there is nothing or a run did not measure it."""
+    if not values or any(math.isnan(value) for value in values):
+        return math.nan
+    return max(values)
+
+
+def relative_drop(best: float, final: float) -> float:
+    """(best - final) / |best|: 0 when final is at best, > 0 when it lost some."""
+    return (best - final) / max(abs(best), 1e-9)
+
+
 def late_drop(rows: dict[int, dict]) -> float:
-    """The largest share of its best rolling mean a seed's final one lost: (best - final) /
-    |best| (0: it ended at its best; the no-late-drop target is at most 0.1); nan for a
-    failed run."""
-    drops = [(row["best"] - row["final"]) / max(abs(row["best"]), 1e-9)
-             if "error" not in row else math.nan for row in rows.values()]
-    return max(drops) if drops and not any(math.isnan(d) for d in drops) else math.nan
+    """The largest share of its best rolling mean a seed's final one lost (0: it ended at
+    its best; the no-late-drop target is at most 0.1); nan for a failed run."""
+    return largest([relative_drop(row["best"], row["final"]) if "error" not in row
+                    else math.nan for row in rows.values()])
 
 
 def frozen_drop(rows: dict[int, dict]) -> float:
     """The largest late drop a frozen final policy showed over the seeds (nan: not
     measured): the noise floor ``late_drop`` is read against."""
-    drops = [row["frozen"]["drop"] if row.get("frozen") else math.nan
-             for row in rows.values()]
-    return max(drops) if drops and not any(math.isnan(d) for d in drops) else math.nan
+    return largest([row["frozen"]["drop"] if row.get("frozen") else math.nan
+                    for row in rows.values()])
+
+
+def paired_drop(rows: dict[int, dict]) -> float:
+    """The largest drop over seeds from the kept best policy's mean return to the final
+    one's, both over the same frozen stream (nan: not measured)."""
+    return largest([relative_drop(row["frozen_best"]["mean"], row["frozen"]["mean"])
+                    if row.get("frozen_best") else math.nan for row in rows.values()])
 
 
 def mean(values: list[float]) -> float:
@@ -633,7 +669,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"at_{first_mark // 1000}k_min={lowest(column(rows, first_mark)):.1f} "
                   f"final_mean={mean(column(rows, 'final')):.1f} "
                   f"late_drop_max={late_drop(rows):.3f} "
-                  f"frozen_drop_max={frozen_drop(rows):.3f}")
+                  f"frozen_drop_max={frozen_drop(rows):.3f} "
+                  f"paired_drop_max={paired_drop(rows):.3f}")
 
     if any(raw[kind] for kind in raw) and args.png:
         print(f"curves: {plot_curves(args.png, raw, tasks)}")
