@@ -568,8 +568,9 @@ def main(argv: list[str] | None = None) -> int:
                              "development set: each task's budget)")
     parser.add_argument("--sb3", action=argparse.BooleanOptionalAction, default=None,
                         help="also train Stable-Baselines3 PPO (default: when it imports)")
-    parser.add_argument("--png", type=Path, default=ROOT / "bench" / "learning.png",
-                        help="the curves figure (default bench/learning.png)")
+    parser.add_argument("--png", type=lambda text: Path(text) if text else None,
+                        default=ROOT / "bench" / "learning.png",
+                        help="the curves figure (default bench/learning.png; '': none)")
     parser.add_argument("--config-dir", type=Path, default=ROOT / "config")
     parser.add_argument("--json", type=Path, default=None, help="write all results here")
     parser.add_argument("--child", choices=[OURS, SB3], help=argparse.SUPPRESS)
