@@ -214,16 +214,22 @@ def test_sim_export_deploy_fine_tune_keeps_learning(tmp_path):
     assert deployed_return(policy, setup) > -400.0
     setup.ppo.anchor_coef = 1.0
     tuned: list[float] = []
-    train(
+    tuned_agent, _ = train(
         setup,
         8,
         lambda _a, stats, _m: tuned.append(stats.mean_return),
         fine_tune=FineTuneConfig(str(path), critic_warmup_iterations=4),
     )
-    # The first fine-tuning rollout shows what the bundle does with sampled actions; the
-    # run then holds and improves it (without the warm-up it falls to about -570).
-    print(f"sim {sim_returns[-1]:.1f}; fine-tuning {tuned[1]:.1f} -> {tuned[-1]:.1f}")
-    assert tuned[-1] > tuned[1] - 10.0
+    # The run holds and improves what the bundle does (without the warm-up it falls to
+    # about -570). Judged on the same evaluation episodes for both policies: two rolling
+    # means of a few Pendulum rollouts differ by tens from their start states alone
+    # (bench/policy_checks.py), more than the margin a hold is read with.
+    after = save_bundle(tmp_path / "tuned", bundle_from_agent(tuned_agent, setup.actions, "sim"))
+    before_return = deployed_return(policy, setup)
+    after_return = deployed_return(read_policy(after), setup)
+    print(f"sim {sim_returns[-1]:.1f}; fine-tuning {tuned[1]:.1f} -> {tuned[-1]:.1f}; "
+          f"deployed {before_return:.1f} -> {after_return:.1f}")
+    assert after_return > before_return - 10.0
     assert tuned[-1] > sim_returns[-1]
 
 
