@@ -14,8 +14,10 @@ def _dry_run(tmp_path: Path, *arguments: str) -> list[str]:
     if shutil.which('make') is None:
         pytest.skip('make is not installed')
     # A venv of its own: the stamps of the real .venv would hide what setup does. Only
-    # the arguments say which wheelhouse: .ci/run exports one.
-    env = {key: value for key, value in os.environ.items() if key != 'ROS2_WHEELHOUSE'}
+    # the arguments say which wheelhouse: .ci/run exports one, and a `make test
+    # ROS2_WHEELHOUSE=...` above this passes its variables down in MAKEFLAGS.
+    inherited = {'ROS2_WHEELHOUSE', 'MAKEFLAGS', 'MFLAGS', 'MAKELEVEL', 'MAKEOVERRIDES'}
+    env = {key: value for key, value in os.environ.items() if key not in inherited}
     result = subprocess.run(['make', '-n', '-C', str(PACKAGE_ROOT), *arguments,
                              f'VENV={tmp_path / "venv"}'],
                             capture_output=True, text=True, timeout=60, check=True, env=env)

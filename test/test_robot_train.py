@@ -160,10 +160,13 @@ def test_the_trainer_acts_by_joint_name_resets_the_robot_and_updates(
     steps = loop.robots[0].source
     assert steps.counters["time_outs"] >= 2 and steps.counters["failures"] == 0
     assert rig.spin_until(lambda: "robots" in rig.status, 3.0)
-    link = json.loads(json.dumps(rig.node.status()))["robots"]["tiny"]
-    assert link["reset_calls"] >= 2 and link["joint_error"] == ""
-    assert 0.0 <= link["ages"]["joints"] < 1.0
-    assert link["period_jitter"]["p50_ms"] is not None
+    # The fake robot shares the executor, so it is silent while an update runs (seconds
+    # under load): the age is read once its next messages are in.
+    def link() -> dict:
+        return json.loads(json.dumps(rig.node.status()))["robots"]["tiny"]
+    assert rig.spin_until(lambda: 0.0 <= link()["ages"]["joints"] < 0.1, 3.0), link()["ages"]
+    assert link()["reset_calls"] >= 2 and link()["joint_error"] == ""
+    assert link()["period_jitter"]["p50_ms"] is not None
     # The trained policy carries the spec: checkpoints and bundles.
     path = rig.node.artifacts.export_bundle("test")
     bundle = load_bundle(path)

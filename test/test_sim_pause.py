@@ -109,19 +109,21 @@ def test_without_the_pause_services_the_safe_action_steps_the_env(run_pair):
 @pytest.fixture
 def fleet_of_two(context, tmp_path):
     """Two bridges (robot1, robot2), each spinning in a thread; yields them by name with
-    their executors, and ``start(params)``, which makes a trainer pausing both and its
-    executor."""
-    def bridge_in(namespace: str) -> tuple[GymEnvNode, SingleThreadedExecutor]:
+    their executors and threads, and ``start(params)``, which makes a trainer pausing both
+    and its executor."""
+    def bridge_in(namespace: str) -> tuple[GymEnvNode, SingleThreadedExecutor,
+                                           threading.Thread]:
         node = GymEnvNode(context=context, namespace=namespace, parameter_overrides=overrides(
             {"num_envs": NUM_ENVS, "republish_period": 0.1}))
         executor = SingleThreadedExecutor(context=context)
         executor.add_node(node)
-        threading.Thread(target=executor.spin, daemon=True).start()
-        return node, executor
+        thread = threading.Thread(target=executor.spin, daemon=True)
+        thread.start()
+        return node, executor, thread
 
     bridges = {name: bridge_in(name) for name in ("robot1", "robot2")}
-    nodes = [node for node, _ in bridges.values()]
-    executors = [executor for _, executor in bridges.values()]
+    nodes = [node for node, _, _ in bridges.values()]
+    executors = [executor for _, executor, _ in bridges.values()]
 
     def start(trainer_params: dict) -> tuple[TrainerNode, SingleThreadedExecutor]:
         trainer = TrainerNode(context=context, parameter_overrides=overrides({
@@ -147,9 +149,16 @@ def test_a_stalled_robots_simulator_is_left_out_of_the_pauses(fleet_of_two):
     call then waits service_timeout)."""
     bridges, start = fleet_of_two
     trainer, executor = start({"step_timeout": 0.5})
-    assert spin_until(executor, lambda: trainer.agent.iteration >= 1, WAIT_S)
-    node, robot2_executor = bridges["robot2"]
+    # A robot the trainer has not heard yet is not stalled when it goes (it never joined),
+    # and robot1 alone can fill the first rollouts while discovery finds robot2.
+    assert spin_until(executor, lambda: trainer.agent.iteration >= 1 and all(
+        robot.source.counters["steps_completed"] for robot in trainer.loop.robots), WAIT_S)
+    node, robot2_executor, thread = bridges["robot2"]
+    # rclpy's shutdown() returns without waiting for the spinning thread: joined, so no
+    # callback of robot2's runs after this.
     robot2_executor.shutdown()
+    thread.join(5.0)
+    assert not thread.is_alive()
     node.destroy_node()
     assert spin_until(executor, lambda: trainer.loop.stalled_robots == ["robot2"], WAIT_S)
     failures, iteration = trainer.status()["sim_service_failures"], trainer.agent.iteration
@@ -168,8 +177,12 @@ def test_a_robot_whose_pause_goes_unanswered_stalls_at_once(fleet_of_two):
     bridges, start = fleet_of_two
     trainer, executor = start({"step_timeout": 30.0, "obs_timeout": 0.5,
                                "service_timeout": 0.3})
-    assert spin_until(executor, lambda: trainer.agent.iteration >= 1, WAIT_S)
-    bridges["robot2"][1].shutdown()
+    assert spin_until(executor, lambda: trainer.agent.iteration >= 1 and all(
+        robot.source.counters["steps_completed"] for robot in trainer.loop.robots), WAIT_S)
+    _, robot2_executor, thread = bridges["robot2"]
+    robot2_executor.shutdown()
+    thread.join(5.0)
+    assert not thread.is_alive()
     assert spin_until(executor, lambda: trainer.loop.stalled_robots == ["robot2"], 10.0)
     assert trainer.loop.counters["robot_stalls"] == 1
     # That update still resumes robot2 (the pause may have arrived late), unanswered too.
