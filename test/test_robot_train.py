@@ -200,6 +200,28 @@ def test_stale_joint_states_send_the_safe_command_and_cut_the_step(
     assert not steps.waiting
 
 
+def test_the_status_runs_in_the_control_loops_slack_right_after_a_tick(
+        context, tmp_path, rig_factory):
+    spec = spec_file(tmp_path, terminations=[{"kind": "episode_length", "max_steps": 1000}])
+    rig = rig_factory(trainer(context, tmp_path, spec, num_steps=1000), FakeRobot(context))
+    link = rig.node._robots[0].input.link
+    steps = rig.node.loop.robots[0].source
+    assert rig.spin_until(lambda: steps.counters["steps_completed"] >= 2)
+    events: list[str] = []
+    on_tick = link._on_tick
+    link._on_tick = lambda now: (events.append("tick"), on_tick(now))
+    # Queued while ticking: run once, after the next tick and before the one after.
+    assert link.in_slack(lambda: events.append("work"))
+    assert rig.spin_until(lambda: events.count("tick") >= 3)
+    assert events.count("work") == 1 and events[:2] == ["tick", "work"]
+    # A loop that stopped ticking (paused sim time, say) leaves the work to the caller.
+    link.timer.cancel()
+    rig.spin_until(lambda: False, 0.2)
+    assert not link.in_slack(lambda: events.append("late"))
+    rig.spin_until(lambda: False, 0.1)
+    assert "late" not in events
+
+
 def test_an_operator_reset_waits_for_ready(context, tmp_path, rig_factory):
     robot = FakeRobot(context)
     spec = spec_file(tmp_path, reset={"mode": "operator"})

@@ -125,7 +125,7 @@ class PolicyNode(LifecycleNode):
                                  qos_overriding_options=overridable())
         self.create_service(SetBool, "~/set_deterministic", self._srv_set_deterministic)
         self.add_on_set_parameters_callback(self._on_set_parameters)
-        self.create_timer(1.0, self._publish_status, clock=self._steady)
+        self.create_timer(1.0, self._status_due, clock=self._steady)
 
     def on_configure(self, state: LifecycleState) -> TransitionCallbackReturn:
         try:
@@ -331,6 +331,12 @@ class PolicyNode(LifecycleNode):
                     self.robot.deterministic = self.cfg.deterministic
                 self.get_logger().info(f"parameter deterministic set to {param.value}")
         return SetParametersResult(successful=True)
+
+    def _status_due(self) -> None:
+        # A robot spec's control loop takes the status into its slack, after a tick.
+        robot = getattr(self, "robot", None)
+        if robot is None or not robot.link.in_slack(self._publish_status):
+            self._publish_status()
 
     def _publish_status(self) -> None:
         if self.state == "active":

@@ -5,6 +5,9 @@ message is logged, throttled, counted and dropped), runs the control timer at th
 rate on the node clock (sim time under use_sim_time) and hands each tick's time to its
 owner, resets the robot after an episode (the spec's reset service, or the operator's
 ``~/ready``) and measures each source's age and the timer's period jitter for ``~/status``.
+Housekeeping handed to ``in_slack`` (the ~1 ms ``~/status``) runs right after a tick, in
+the period's slack, so it never delays the next tick: a callback of its own timer would
+land on a tick about once a second and be the loop's p99 jitter at 200 Hz.
 ``JointCommandOutput`` publishes the loop's commands (policy units) as the spec's joint
 commands. The step logic itself is ``robot.steps.RobotSteps``, ROS-free.
 """
@@ -142,6 +145,8 @@ class RobotLink:
         else:
             name = f"~/{prefix}ready"
             self._ready_service = node.create_service(Trigger, name, self._on_ready)
+        self._slack_work: Callable[[], None] | None = None
+        self._last_tick = -math.inf
         self.timer = node.create_timer(spec.dt, self._tick)
 
     def now(self) -> float:
@@ -153,6 +158,20 @@ class RobotLink:
         now = self.now()
         self.jitter.tick(now)
         self._on_tick(now)
+        self._last_tick = time.monotonic()
+        work, self._slack_work = self._slack_work, None
+        if work is not None:
+            work()
+
+    def in_slack(self, work: Callable[[], None]) -> bool:
+        """Run ``work`` right after the next tick when the loop is ticking (a tick within
+        two periods, or 50 ms, of steady time); False when it is not (paused sim time, a
+        robot being reset by an operator...): the caller runs ``work`` itself. Work queued
+        again before the tick replaces the queued one."""
+        if time.monotonic() - self._last_tick > max(2.0 * self.spec.dt, 0.05):
+            return False
+        self._slack_work = work
+        return True
 
     def _on_message(self, name: str, kind: str, msg: Any) -> None:
         now = self.now()
