@@ -14,7 +14,13 @@ Then the best policy is deployed: ``policy_node`` with the trained bundle on a f
 process, which reports the return of every episode it runs (``~/status``), so the
 deployed mean return over ``--deploy-episodes`` compares with the training's best.
 
-Prints the CPU model; the last line is ``robot_learning <robot> final_min=<x> ...``.
+In process (``--in-process``, the default): the same trainer file on the same seed, its
+robot the in-process ``sims.spec_env`` (the spec's RobotSteps on the same MujocoWorld, each
+step waiting for the policy: no latency, no stale data), for the same iterations: what the
+settings learn without ROS, beside what they learn through it.
+
+Prints the CPU model; the last line is ``robot_learning <robot> final_min=<x> ...``
+(through ROS; ``inproc_final_min`` in process).
 """
 
 from __future__ import annotations
@@ -80,6 +86,35 @@ def train(robot: str, seed: int, iterations: int, rtf: float, out: Path,
         tail = (out / "trainer.log").read_text()[-2000:]
         raise RuntimeError(f"{robot} seed {seed}: trainer rc {trainer.returncode}\n{tail}")
     return {"rows": rows, "wall": wall}
+
+
+def train_in_process(robot: str, seed: int, iterations: int) -> dict:
+    """The same training in process (``sims.spec_env``): rows as metrics.csv's."""
+    from unilab_ros import demo
+    from unilab_ros.rl.best import BestPolicy
+    from unilab_ros.sims.spec_env import spec_training_setup
+
+    setup = spec_training_setup(ROOT / "config" / "robot_train" / f"{robot}.yaml", robot,
+                                seed)
+    rows: list[dict] = []
+
+    def record(agent, stats, _metrics) -> None:
+        rows.append({"env_steps": agent.iteration * setup.agent.num_steps,
+                     "mean_return": stats.mean_return if stats.episodes else "",
+                     "mean_length": stats.mean_length if stats.episodes else "",
+                     "steps_dropped": 0, "stale_cuts": 0})
+
+    began = time.monotonic()
+    demo.train(setup, iterations, record, BestPolicy())
+    return {"rows": rows, "wall": time.monotonic() - began}
+
+
+def _summary(rows: list[dict]) -> tuple[str, float, float]:
+    """The marks, best and final mean return of a run's rows."""
+    marks = "  ".join(f"{m // 1000}k {_at(rows, m, 'mean_return'):.2f}" for m in MARKS
+                      if m <= _steps(rows[-1]))
+    returns = [float(r["mean_return"]) for r in rows if r["mean_return"] != ""]
+    return marks, max(returns), returns[-1]
 
 
 def finished(run: Path, iterations: int) -> dict | None:
@@ -182,21 +217,31 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--reuse", action="store_true",
                         help="take a seed's finished training from --out instead of training")
+    parser.add_argument("--in-process", action=argparse.BooleanOptionalAction, default=True,
+                        help="also train each seed in process (sims.spec_env)")
+    parser.add_argument("--ros", action=argparse.BooleanOptionalAction, default=True,
+                        help="train (and deploy) through ROS")
     args = parser.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix=f"robot_learning_{args.robot}_"))
     print(f"cpu: {cpu_model()}; robot {args.robot}, real_time_factor "
           f"{args.real_time_factor}, output {out}")
-    finals, deployed = [], []
+    finals, deployed, inproc_finals = [], [], []
+    iterations = args.iterations or _file_iterations(args.robot)
     for seed in args.seeds:
+        if args.in_process:
+            result = train_in_process(args.robot, seed, iterations)
+            marks, best, final = _summary(result["rows"])
+            inproc_finals.append(final)
+            print(f"seed {seed} in process: {_steps(result['rows'][-1])} env steps in "
+                  f"{result['wall']:.0f} s | mean return at {marks} | best {best:.2f} final "
+                  f"{final:.2f} | final length {float(result['rows'][-1]['mean_length']):.0f}")
+        if not args.ros:
+            continue
         run = out / f"seed{seed}"
-        iterations = args.iterations or _file_iterations(args.robot)
         result = (finished(run, iterations) if args.reuse else None) or train(
             args.robot, seed, iterations, args.real_time_factor, run, 60 + seed)
         rows = result["rows"]
-        marks = "  ".join(f"{m // 1000}k {_at(rows, m, 'mean_return'):.2f}" for m in MARKS
-                          if m <= _steps(rows[-1]))
-        returns = [float(r["mean_return"]) for r in rows if r["mean_return"] != ""]
-        best, final = max(returns), returns[-1]
+        marks, best, final = _summary(rows)
         finals.append(final)
         print(f"seed {seed}: {_steps(rows[-1])} env steps in {result['wall']:.0f} s "
               f"({_steps(rows[-1]) / result['wall']:.0f} steps/s) | mean return "
@@ -220,9 +265,15 @@ def main() -> None:
         print(f"seed {seed}: deployed {policy.name} on a fresh robot: {len(episodes)} "
               f"episodes, mean return {mean:.2f} (training best {best:.2f}, "
               f"{100 * (mean - best) / abs(best):+.1f}%)")
-    worst = min(abs(m - b) / abs(b) for m, b in deployed) if deployed else math.nan
-    print(f"robot_learning {args.robot} final_min={min(finals):.3f} "
-          f"final_mean={sum(finals) / len(finals):.3f} deploy_gap_max={worst:.3f}")
+    worst = max(abs(m - b) / abs(b) for m, b in deployed) if deployed else math.nan
+    figures = {"final_min": min(finals, default=math.nan),
+               "final_mean": sum(finals) / len(finals) if finals else math.nan,
+               "deploy_gap_max": worst,
+               "inproc_final_min": min(inproc_finals, default=math.nan),
+               "inproc_final_mean": (sum(inproc_finals) / len(inproc_finals)
+                                     if inproc_finals else math.nan)}
+    print(f"robot_learning {args.robot} "
+          + " ".join(f"{key}={value:.3f}" for key, value in figures.items()))
 
 
 def _file_iterations(robot: str) -> int:
