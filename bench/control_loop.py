@@ -13,12 +13,19 @@ trainer's ``~/status`` reports |period - 1/rate| over its last 2,000 control per
 (``RobotLink``'s ``PeriodJitter``): p50, p99 and max. Rollouts are long enough that no
 update falls in the measurement (an update holds the robot by design).
 
+The floor, measured in the same run: a bare node beside the same robot (subscribed to the
+same three sources with callbacks that do nothing, a timer at the rate on the same
+executor kind, no work) gives the same figures: what this machine's scheduler and rclpy
+allow any Python node. The trainer and the bare node alternate, ``--trials`` runs each
+(default 3): a p99 over 2,000 periods is its 20 worst, and one busy second of the
+machine moves it by a millisecond, so the bench prints the median and the range.
+
 Assembly: ``RobotSteps.tick`` on the quadruped spec, in process: building the observation,
 the reward and the termination of one step from the newest samples, per step (us), and
 ``ObservationBuilder.build_from`` alone.
 
-Prints the CPU model; the last line is ``control_loop p99_ms_50hz=<x> p99_ms_200hz=<x>
-tick_us=<x> observation_us=<x>``.
+Prints the CPU model; the last line is ``control_loop p99_ms_50hz=<x> floor_p99_ms_50hz=<x>
+p99_ms_200hz=<x> floor_p99_ms_200hz=<x> tick_us=<x> observation_us=<x>`` (medians).
 """
 
 from __future__ import annotations
@@ -93,27 +100,31 @@ class _Robot(Node):
         self.odom.publish(odom)
 
 
-def jitter(rate: float, seconds: float, out: Path, domain: int) -> dict:
-    """The trainer's period jitter at ``rate`` Hz (its ~/status figures)."""
+def _spec_file(rate: float, out: Path) -> tuple[Path, list[str]]:
     data = spec_to_dict(load_spec(SPEC))
     data["control_rate"] = rate
     # Long episodes, no termination: only the control loop is measured.
     data["terminations"] = [{"kind": "episode_length", "max_steps": 10 ** 7}]
     spec_path = out / f"spec_{rate:g}.yaml"
     spec_path.write_text(yaml.safe_dump(data))
-    params = out / f"trainer_{rate:g}.yaml"
-    params.write_text(yaml.safe_dump({"/**/unilab_trainer": {"ros__parameters": {
-        "robot_spec": str(spec_path), "num_steps": int(rate * (seconds + 60)),
-        "checkpoint_dir": str(out / f"run_{rate:g}"), "tensorboard": False,
-        "model": {"actor_hidden_dims": [512, 256, 128], "critic_hidden_dims": [512, 256, 128]},
-    }}}))
+    return spec_path, list(data["actions"]["joints"])
+
+
+def _window(rate: float, seconds: float) -> float:
+    """Seconds to measure: the figures cover the last 2,000 periods, so at least that."""
+    return max(seconds, 2000.0 / rate + 2.0)
+
+
+def _with_robot(command: list[str], log: Path, joints: list[str], rate: float, domain: int,
+                measure) -> dict:
+    """Run ``command`` (a node process on an isolated graph) while this process plays the
+    robot at twice ``rate``; ``measure(robot, spin, process)`` returns the figures."""
     env = isolated_ros_env(domain)
-    trainer = subprocess.Popen(node_command("unilab_ros.trainer", params, {}), env=env,
-                               stdout=(out / f"trainer_{rate:g}.log").open("w"),
-                               stderr=subprocess.STDOUT, preexec_fn=die_with_parent())
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
+                               stderr=log.open("w"), preexec_fn=die_with_parent())
     os.environ.update({k: env[k] for k in ("ROS_DOMAIN_ID", "ROS_AUTOMATIC_DISCOVERY_RANGE")})
     rclpy.init()
-    robot = _Robot(list(data["actions"]["joints"]), 2.0 * rate)
+    robot = _Robot(joints, 2.0 * rate)
     executor = SingleThreadedExecutor()
     executor.add_node(robot)
 
@@ -122,22 +133,76 @@ def jitter(rate: float, seconds: float, out: Path, domain: int) -> dict:
             executor.spin_once(timeout_sec=0.05)
 
     try:
-        # Start-up (the warm-up update compiles) and the first steps, then a fresh window:
-        # the figures cover the last 2,000 periods, so wait at least that long.
-        spin(time.monotonic() + 120.0, lambda: robot.status.get("env_steps", 0) > rate)
-        started = robot.status.get("env_steps", 0)
-        spin(time.monotonic() + max(seconds, 2000.0 / rate + 2.0))
-        status = robot.status
+        return measure(robot, spin, process)
     finally:
         robot.destroy_node()
         rclpy.shutdown()
-        stop(trainer)
-    link = status.get("robots", {}).get("quadruped", {})
-    steps = status.get("env_steps", 0) - started
-    if status.get("iteration", 0) or not link:
-        raise RuntimeError(f"{rate} Hz: an update ran or no status ({status})")
-    return {**link["period_jitter"], "steps": steps, "dropped": link.get("steps_dropped"),
-            "stale": link.get("stale_ticks")}
+        stop(process)
+
+
+def jitter(rate: float, seconds: float, out: Path, domain: int) -> dict:
+    """The trainer's period jitter at ``rate`` Hz (its ~/status figures)."""
+    spec_path, joints = _spec_file(rate, out)
+    params = out / f"trainer_{rate:g}.yaml"
+    params.write_text(yaml.safe_dump({"/**/unilab_trainer": {"ros__parameters": {
+        "robot_spec": str(spec_path), "num_steps": int(rate * (seconds + 60)),
+        "checkpoint_dir": str(out / f"run_{rate:g}"), "tensorboard": False,
+        "model": {"actor_hidden_dims": [512, 256, 128], "critic_hidden_dims": [512, 256, 128]},
+    }}}))
+
+    def measure(robot: _Robot, spin, _process) -> dict:
+        # Start-up (the warm-up update compiles) and the first steps, then a fresh window.
+        spin(time.monotonic() + 120.0, lambda: robot.status.get("env_steps", 0) > rate)
+        started = robot.status.get("env_steps", 0)
+        spin(time.monotonic() + _window(rate, seconds))
+        status = robot.status
+        link = status.get("robots", {}).get("quadruped", {})
+        if status.get("iteration", 0) or not link:
+            raise RuntimeError(f"{rate} Hz: an update ran or no status ({status})")
+        return {**link["period_jitter"], "steps": status.get("env_steps", 0) - started,
+                "dropped": link.get("steps_dropped"), "stale": link.get("stale_ticks")}
+
+    return _with_robot(node_command("unilab_ros.trainer", params, {}),
+                       out / f"trainer_{rate:g}.log", joints, rate, domain, measure)
+
+
+def floor(rate: float, seconds: float, out: Path, domain: int) -> dict:
+    """The same figures for a bare node beside the same robot: subscribed to the same
+    sources (callbacks that do nothing), a timer at ``rate`` on the same executor kind, no
+    work. What the machine's scheduler and rclpy give any Python node here."""
+    _, joints = _spec_file(rate, out)
+    command = [sys.executable, __file__, "--bare", str(rate), str(_window(rate, seconds))]
+
+    def measure(_robot: _Robot, spin, process) -> dict:
+        spin(time.monotonic() + _window(rate, seconds) + 60.0, lambda: process.poll() is not None)
+        output = process.stdout.read().decode() if process.poll() is not None else ""
+        if not output.strip():
+            raise RuntimeError(f"{rate} Hz: the bare node gave no figures")
+        return json.loads(output.strip().splitlines()[-1])
+
+    return _with_robot(command, out / f"bare_{rate:g}.log", joints, rate, domain, measure)
+
+
+def _bare(rate: float, seconds: float) -> None:
+    """The bare node of ``floor``: prints its PeriodJitter summary as JSON."""
+    from unilab_ros.executors import make_executor
+    from unilab_ros.robot_link import PeriodJitter
+
+    rclpy.init()
+    node = rclpy.create_node("bare_loop")
+    for msg_type, topic in ((JointState, "joint_states"), (Imu, "imu"), (Odometry, "odom")):
+        node.create_subscription(msg_type, topic, lambda _msg: None, 10)
+    period = PeriodJitter(1.0 / rate)
+    node.create_timer(1.0 / rate,
+                      lambda: period.tick(node.get_clock().now().nanoseconds * 1e-9))
+    executor, _ = make_executor()
+    executor.add_node(node)
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        executor.spin_once(timeout_sec=0.2)
+    print(json.dumps(period.summary()), flush=True)
+    node.destroy_node()
+    rclpy.shutdown()
 
 
 def assembly_cost(repeats: int) -> tuple[float, float, int]:
@@ -184,23 +249,44 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rates", type=float, nargs="+", default=[50.0, 200.0])
     parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--trials", type=int, default=3,
+                        help="runs of the trainer and of the bare node per rate, alternated")
     parser.add_argument("--repeats", type=int, default=20_000)
+    parser.add_argument("--bare", type=float, nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.bare:
+        _bare(*args.bare)
+        return
     print(f"cpu: {cpu_model()}")
     tick_us, obs_us, dim = assembly_cost(args.repeats)
     print(f"quadruped spec (obs {dim}, 3 sources): RobotSteps.tick {tick_us:.1f} us per step "
           f"(observation, reward, termination), observation alone {obs_us:.1f} us")
     out = Path(tempfile.mkdtemp(prefix="control_loop_"))
     figures = {}
-    for k, rate in enumerate(args.rates):
-        result = jitter(rate, args.seconds, out, 40 + k)
-        figures[rate] = result
-        print(f"{rate:g} Hz, [512, 256, 128]: period jitter p50 {result['p50_ms']:.3f} ms, "
-              f"p99 {result['p99_ms']:.3f} ms, max {result['max_ms']:.3f} ms over the last "
-              f"2,000 periods; {result['steps']} steps, dropped {result['dropped']}, stale "
-              f"ticks {result['stale']}")
-    line = " ".join(f"p99_ms_{rate:g}hz={r['p99_ms']:.3f}" for rate, r in figures.items())
+    domains = iter(range(40, 90))
+    for rate in args.rates:
+        ours, bare = [], []
+        for _ in range(args.trials):
+            ours.append(jitter(rate, args.seconds, out, next(domains)))
+            bare.append(floor(rate, args.seconds, out, next(domains)))
+        for name, runs in (("trainer, [512, 256, 128]", ours), ("bare node (floor)", bare)):
+            p99 = [run["p99_ms"] for run in runs]
+            print(f"{rate:g} Hz, {name}: period jitter p99 {_range(p99)} ms, p50 "
+                  f"{_range([run['p50_ms'] for run in runs])} ms, max "
+                  f"{_range([run['max_ms'] for run in runs])} ms over the last 2,000 periods "
+                  f"(median, min-max of {len(runs)} runs)"
+                  + (f"; {sum(run['steps'] for run in runs)} steps, dropped "
+                     f"{sum(run['dropped'] or 0 for run in runs)}, stale ticks "
+                     f"{sum(run['stale'] or 0 for run in runs)}" if runs is ours else ""))
+        figures[rate] = (float(np.median([r["p99_ms"] for r in ours])),
+                         float(np.median([r["p99_ms"] for r in bare])))
+    line = " ".join(f"p99_ms_{rate:g}hz={ours:.3f} floor_p99_ms_{rate:g}hz={bare:.3f}"
+                    for rate, (ours, bare) in figures.items())
     print(f"control_loop {line} tick_us={tick_us:.1f} observation_us={obs_us:.1f}")
+
+
+def _range(values: list[float]) -> str:
+    return f"{np.median(values):.3f} ({min(values):.3f}-{max(values):.3f})"
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ loop's and does not act here); an episode ends with the spec's terminations: a f
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ import gymnasium as gym
 import numpy as np
 import yaml
 
+from unilab_ros.loop.stepper import Transition
 from unilab_ros.paths import config_file, robot_spec_file
 from unilab_ros.rl.done_codes import DoneCode
 from unilab_ros.rl.setup_file import TrainingSetup, load_setup
@@ -93,7 +95,7 @@ class RobotSpecEnv(gym.Env):
         return MujocoWorld(model_path(self._world_cfg.model), 1, self._robot_cfg,
                            self._world_cfg.update_rate, seed)
 
-    def _reader(self, kind: str, topic: str):
+    def _reader(self, kind: str, topic: str) -> Callable[[float], samples.Sample]:
         world = self._world
         if kind == "joint_state":
             return lambda t: _joints(world.joint_state(0), t)
@@ -142,7 +144,7 @@ class RobotSpecEnv(gym.Env):
         now = self._world.time
         self._observe()
         step = self._steps.tick(now)
-        if step is None or not hasattr(step, "reward"):
+        if not isinstance(step, Transition):
             raise RuntimeError(f"the step did not complete ({self._steps.stale})")
         code = int(step.done[0])
         self._obs = step.next_obs
