@@ -142,15 +142,10 @@ def fleet_of_two(context, tmp_path):
         node.destroy_node()
 
 
-def test_a_stalled_robots_simulator_is_left_out_of_the_pauses(fleet_of_two):
-    """Once robot2 is gone and counted stalled, updates pause and resume robot1 only.
-    Calling a dead robot's services fails (here at once: the bridge's node is destroyed in
-    this process; across processes a dead service can look ready for a while, and each
-    call then waits service_timeout)."""
-    bridges, start = fleet_of_two
-    trainer, executor = start({"step_timeout": 0.5})
-    # A robot the trainer has not heard yet is not stalled when it goes (it never joined),
-    # and robot1 alone can fill the first rollouts while discovery finds robot2.
+def both_joined_then_stop_robot2(trainer, executor, bridges) -> GymEnvNode:
+    """Once the trainer has heard both robots (one not heard yet is not stalled when it
+    goes: it never joined, and robot1 alone can fill the first rollouts while discovery
+    finds robot2), stop robot2's executor; its node is returned, still there."""
     assert spin_until(executor, lambda: trainer.agent.iteration >= 1 and all(
         robot.source.counters["steps_completed"] for robot in trainer.loop.robots), WAIT_S)
     node, robot2_executor, thread = bridges["robot2"]
@@ -159,7 +154,17 @@ def test_a_stalled_robots_simulator_is_left_out_of_the_pauses(fleet_of_two):
     robot2_executor.shutdown()
     thread.join(5.0)
     assert not thread.is_alive()
-    node.destroy_node()
+    return node
+
+
+def test_a_stalled_robots_simulator_is_left_out_of_the_pauses(fleet_of_two):
+    """Once robot2 is gone and counted stalled, updates pause and resume robot1 only.
+    Calling a dead robot's services fails (here at once: the bridge's node is destroyed in
+    this process; across processes a dead service can look ready for a while, and each
+    call then waits service_timeout)."""
+    bridges, start = fleet_of_two
+    trainer, executor = start({"step_timeout": 0.5})
+    both_joined_then_stop_robot2(trainer, executor, bridges).destroy_node()
     assert spin_until(executor, lambda: trainer.loop.stalled_robots == ["robot2"], WAIT_S)
     failures, iteration = trainer.status()["sim_service_failures"], trainer.agent.iteration
     robot1_pauses = bridges["robot1"][0].status.actions_while_paused
@@ -177,12 +182,7 @@ def test_a_robot_whose_pause_goes_unanswered_stalls_at_once(fleet_of_two):
     bridges, start = fleet_of_two
     trainer, executor = start({"step_timeout": 30.0, "obs_timeout": 0.5,
                                "service_timeout": 0.3})
-    assert spin_until(executor, lambda: trainer.agent.iteration >= 1 and all(
-        robot.source.counters["steps_completed"] for robot in trainer.loop.robots), WAIT_S)
-    _, robot2_executor, thread = bridges["robot2"]
-    robot2_executor.shutdown()
-    thread.join(5.0)
-    assert not thread.is_alive()
+    both_joined_then_stop_robot2(trainer, executor, bridges)
     assert spin_until(executor, lambda: trainer.loop.stalled_robots == ["robot2"], 10.0)
     assert trainer.loop.counters["robot_stalls"] == 1
     # That update still resumes robot2 (the pause may have arrived late), unanswered too.
