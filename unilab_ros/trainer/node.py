@@ -55,7 +55,7 @@ from unilab_ros.trainer.parameters import LiveParameters, read_parameters
 from unilab_ros.trainer.services import TrainerServices
 from unilab_ros.trainer.session import build_session
 from unilab_ros.trainer.simulators import Simulators
-from unilab_ros.trainer.spec_robot import SpecRobot, robot_spec_session, robot_status
+from unilab_ros.trainer.spec_robot import SpecRobot, in_slack, robot_spec_session, robot_status
 
 NODE_NAME = "unilab_trainer"
 _WARN_PERIOD = 5.0
@@ -162,7 +162,8 @@ class TrainerNode(Node):
         # watchdog follows the steady clock (it must fire even when sim time stops).
         self.create_timer(min(0.05, step_timeout / 4.0), self._check_step_deadlines)
         self.create_timer(Watchdog(self.watchdog_cfg).period, self._watchdog, clock=steady)
-        self.create_timer(1.0, self._status_due, clock=steady)
+        self.create_timer(1.0, lambda: in_slack([robot.input for robot in self._robots],
+                                                self._publish_status), clock=steady)
         self.create_timer(self.cfg.wait_report_period, self._report_waiting, clock=steady)
 
     def _connect(
@@ -402,13 +403,6 @@ class TrainerNode(Node):
         )
 
     @while_ros_runs
-    def _status_due(self) -> None:
-        # A robot spec's control loop takes the status into its slack, after a tick.
-        links = [robot.input.link for robot in self._robots
-                 if isinstance(robot.input, SpecRobot)]
-        if not (links and links[0].in_slack(self._publish_status)):
-            self._publish_status()
-
     def _publish_status(self) -> None:
         self._check_rivals()
         self._status_pub.publish(String(data=json.dumps(self.status())))

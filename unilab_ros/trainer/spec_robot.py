@@ -41,6 +41,14 @@ def robot_status(robots: list[SpecRobot], names: list[str], now: float) -> dict:
             for name, robot in zip(names, robots, strict=True)}
 
 
+def in_slack(inputs: list, work: Callable[[], None]) -> None:
+    """Run ``work`` in the first spec robot's control-loop slack, right after a tick
+    (``RobotLink.in_slack``), or now when there is none or it is not ticking."""
+    links = [robot.link for robot in inputs if isinstance(robot, SpecRobot)]
+    if not (links and links[0].in_slack(work)):
+        work()
+
+
 class SpecRobot:
     """Robot ``r`` of the loop, driven through its spec; ``link`` and ``output`` are its ROS
     ends."""
