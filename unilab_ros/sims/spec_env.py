@@ -96,16 +96,17 @@ class RobotSpecEnv(gym.Env):
                            self._world_cfg.update_rate, seed)
 
     def _reader(self, kind: str, topic: str) -> Callable[[float], samples.Sample]:
+        # Each reader asks the world of the moment: a reseeding reset makes a new one.
         world = self._world
         if kind == "joint_state":
-            return lambda t: _joints(world.joint_state(0), t)
+            return lambda t: _joints(self._world.joint_state(0), t)
         if kind == "imu" and world.has_imu:
-            return lambda t: _imu(world.imu(0), t)
+            return lambda t: _imu(self._world.imu(0), t)
         if kind == "odometry" and world.has_odometry:
-            return lambda t: _odometry(world.odometry(0), t)
+            return lambda t: _odometry(self._world.odometry(0), t)
         site = topic.removesuffix("/pose")
         if kind == "pose_stamped" and site in world.site_ids:
-            return lambda t: _pose(world.site_pose(0, site), t)
+            return lambda t: _pose(self._world.site_pose(0, site), t)
         raise ValueError(f"source type {kind!r} on {topic!r} has no counterpart in the "
                          f"MuJoCo robot {self._world_cfg.model!r} in process")
 
@@ -118,8 +119,6 @@ class RobotSpecEnv(gym.Env):
         super().reset(seed=seed)
         if seed is not None:
             self._world = self._make_world(seed)
-            self._readers = {source.name: self._reader(source.type, source.topic)
-                             for source in self.robot_spec.sources}
             self._steps = RobotSteps(self.robot_spec, np.random.default_rng(seed))
         else:
             self._world.reset(0)
