@@ -38,8 +38,6 @@ from pathlib import Path
 
 import rclpy
 import yaml
-from lifecycle_msgs.msg import Transition
-from lifecycle_msgs.srv import ChangeState
 from rclpy.executors import SingleThreadedExecutor
 from rclpy.node import Node
 from std_msgs.msg import String
@@ -136,13 +134,12 @@ def finished(run: Path, iterations: int) -> dict | None:
 
 
 class _Operator(Node):
-    """Reads the policy node's ~/status and steps it through its lifecycle."""
+    """Reads the policy node's ~/status."""
 
     def __init__(self) -> None:
         super().__init__("robot_learning_bench")
         self.status: dict = {}
         self.create_subscription(String, "/unilab_policy/status", self._on_status, 10)
-        self.change = self.create_client(ChangeState, "/unilab_policy/change_state")
 
     def _on_status(self, msg: String) -> None:
         self.status = json.loads(msg.data)
@@ -158,7 +155,8 @@ def deploy(robot: str, policy: Path, episodes: int, rtf: float, out: Path, domai
                  out / "deploy_robot.log")
     params = out / "deploy.yaml"
     params.write_text(yaml.safe_dump({"/**/unilab_policy": {"ros__parameters": {
-        "checkpoint": str(policy), "use_sim_time": True, "reset_between_episodes": True}}}))
+        "checkpoint": str(policy), "use_sim_time": True, "reset_between_episodes": True,
+        "start_state": "active"}}}))
     node = _start("unilab_ros.policy_node", params, {}, env, out / "deploy_policy.log")
     saved = {k: os.environ.get(k) for k in ("ROS_DOMAIN_ID", "ROS_AUTOMATIC_DISCOVERY_RANGE")}
     os.environ.update({k: env[k] for k in saved})
@@ -169,20 +167,13 @@ def deploy(robot: str, policy: Path, episodes: int, rtf: float, out: Path, domai
     deadline = time.monotonic() + timeout
     status: dict = {}
     try:
-        for transition in (Transition.TRANSITION_CONFIGURE, Transition.TRANSITION_ACTIVATE):
-            while not operator.change.service_is_ready() and time.monotonic() < deadline:
-                executor.spin_once(timeout_sec=0.2)
-            future = operator.change.call_async(
-                ChangeState.Request(transition=Transition(id=transition)))
-            executor.spin_until_future_complete(future, timeout_sec=30.0)
-            if not future.done() or not future.result().success:
-                raise RuntimeError(f"policy_node refused transition {transition}: see "
-                                   f"{out / 'deploy_policy.log'}")
         while time.monotonic() < deadline:
             executor.spin_once(timeout_sec=0.5)
             status = operator.status.get("robot", {})
             if len(status.get("episode_returns", [])) >= episodes:
                 break
+        if operator.status.get("state") != "active":
+            raise RuntimeError(f"policy_node did not activate: see {out / 'deploy_policy.log'}")
     finally:
         operator.destroy_node()
         rclpy.shutdown()

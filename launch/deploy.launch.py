@@ -4,22 +4,22 @@
     ros2 launch unilab_ros deploy.launch.py checkpoint:=... activate:=false
 
 `checkpoint` (a bundle from export_bundle, or a training checkpoint) has no default on
-purpose: a deployment must name the policy it runs. The launch configures the node (it
-loads the policy) and, unless `activate:=false`, activates it once configured; left
-inactive, `ros2 lifecycle set /unilab_policy activate` starts commanding.
+purpose: a deployment must name the policy it runs. The node configures itself (it loads
+the policy) and, unless `activate:=false`, activates once configured; left inactive,
+`ros2 lifecycle set /unilab_policy activate` starts commanding.
+
+The node takes these steps itself (its `start_state` parameter) rather than the launch
+driving them with ChangeState events: those need an rclpy node inside `ros2 launch`, and
+its teardown after Ctrl-C (launch_ros's ROS adapter) hung the launch about one time in
+50 here, after the policy node had already ended.
 """
 
 from launch import LaunchDescription
-from launch.actions import DeclareLaunchArgument, EmitEvent, RegisterEventHandler
-from launch.conditions import IfCondition
-from launch.events import matches_action
-from launch.substitutions import LaunchConfiguration, PathJoinSubstitution
-from launch_ros.actions import LifecycleNode
-from launch_ros.event_handlers import OnStateTransition
-from launch_ros.events.lifecycle import ChangeState
+from launch.actions import DeclareLaunchArgument
+from launch.substitutions import LaunchConfiguration, PathJoinSubstitution, PythonExpression
+from launch_ros.actions import Node
 from launch_ros.parameter_descriptions import ParameterValue
 from launch_ros.substitutions import FindPackageShare
-from lifecycle_msgs.msg import Transition
 
 from unilab_ros.launch_support import ends_the_launch, require_params_file
 
@@ -45,7 +45,7 @@ def generate_launch_description() -> LaunchDescription:
                 [FindPackageShare('unilab_ros'), 'config', 'deploy.yaml']),
             description='YAML with unilab_policy parameters'),
         DeclareLaunchArgument(
-            'activate', default_value='true',
+            'activate', default_value='true', choices=['true', 'false'],
             description='Activate the policy node once configured (false: leave it inactive)'),
         DeclareLaunchArgument(
             'use_sim_time', default_value='false', choices=['true', 'false'],
@@ -55,25 +55,13 @@ def generate_launch_description() -> LaunchDescription:
             choices=['debug', 'info', 'warn', 'error', 'fatal'],
             description='Log level of the policy node (--ros-args --log-level)'),
     ]
-    policy = LifecycleNode(
+    start_state = PythonExpression(["'active' if '", activate, "' == 'true' else 'inactive'"])
+    policy = Node(
         package='unilab_ros', executable='policy_node', name='unilab_policy',
         namespace=namespace, output='screen', ros_arguments=['--log-level', log_level],
         parameters=[params_file,
                     {'checkpoint': ParameterValue(checkpoint, value_type=str),
+                     'start_state': ParameterValue(start_state, value_type=str),
                      'use_sim_time': ParameterValue(use_sim_time, value_type=bool)}])
-
-    def change_state(transition_id: int) -> EmitEvent:
-        return EmitEvent(event=ChangeState(
-            lifecycle_node_matcher=matches_action(policy),
-            transition_id=transition_id))
-
-    # Only the configuring -> inactive step activates: a later deactivate (an operator's
-    # `ros2 lifecycle set ... deactivate`) also ends in inactive and must stay there.
-    activate_once_configured = RegisterEventHandler(OnStateTransition(
-        target_lifecycle_node=policy, start_state='configuring', goal_state='inactive',
-        entities=[change_state(Transition.TRANSITION_ACTIVATE)]),
-        condition=IfCondition(activate))
     return LaunchDescription([
-        *arguments, require_params_file(), activate_once_configured, policy,
-        change_state(Transition.TRANSITION_CONFIGURE),
-        ends_the_launch(policy, 'unilab_policy')])
+        *arguments, require_params_file(), policy, ends_the_launch(policy, 'unilab_policy')])

@@ -203,6 +203,43 @@ def test_a_missing_policy_file_fails_configure_and_names_no_file_a_config_error(
         PolicyNode(context=context)
 
 
+@pytest.mark.parametrize("start_state", ["inactive", "active"])
+def test_start_state_takes_the_node_there_itself_once_spinning(context, exported, start_state):
+    node = PolicyNode(context=context, parameter_overrides=[
+        Parameter("checkpoint", value=str(exported[0])),
+        Parameter("start_state", value=start_state)])
+    executor = SingleThreadedExecutor(context=context)
+    executor.add_node(node)
+    try:
+        assert node.state == "unconfigured"
+        assert spin_until(executor, lambda: node.state == start_state, timeout=10.0)
+        for _ in range(5):  # and it stays there: the start is one shot
+            executor.spin_once(timeout_sec=0.01)
+        assert node.state == start_state
+    finally:
+        executor.shutdown()
+        node.destroy_node()
+
+
+def test_a_start_state_whose_configure_fails_stays_unconfigured(context, tmp_path):
+    node = PolicyNode(context=context, parameter_overrides=[
+        Parameter("checkpoint", value=str(tmp_path / "missing.safetensors")),
+        Parameter("start_state", value="active")])
+    executor = SingleThreadedExecutor(context=context)
+    executor.add_node(node)
+    try:
+        for _ in range(5):
+            executor.spin_once(timeout_sec=0.05)
+        assert node.state == "unconfigured"
+    finally:
+        executor.shutdown()
+        node.destroy_node()
+    with pytest.raises(ConfigError, match="start_state must be one of"):
+        PolicyNode(context=context, parameter_overrides=[
+            Parameter("checkpoint", value="policy.safetensors"),
+            Parameter("start_state", value="running")])
+
+
 def configured(context, checkpoint, **params) -> PolicyNode:
     node = PolicyNode(context=context, parameter_overrides=[
         Parameter("checkpoint", value=str(checkpoint)),

@@ -49,6 +49,7 @@ from unilab_ros.robot.payload import spec_of
 from unilab_ros.robot.spec_types import RobotSpec
 
 NODE_NAME = "unilab_policy"
+START_STATES = ("unconfigured", "inactive", "active")
 
 
 @dataclass
@@ -75,6 +76,10 @@ class PolicyNodeConfig:
     at once and a failure holds the safe action until the next activation."""
     service_timeout: float = 2.0
     """Seconds to wait for the spec's reset service before calling it again."""
+    start_state: str = "unconfigured"
+    """The lifecycle state the node takes itself to once started: unconfigured (a lifecycle
+    manager or an operator drives it), inactive (configured) or active (configured, then
+    activated). A configure that fails leaves it unconfigured, with the reason logged."""
 
     def validate(self) -> None:
         if not self.checkpoint:
@@ -85,6 +90,8 @@ class PolicyNodeConfig:
             raise ValueError("observation_limit must be positive")
         if self.qos_reliability not in RELIABILITIES:
             raise ValueError(f"qos_reliability must be one of {sorted(RELIABILITIES)}")
+        if self.start_state not in START_STATES:
+            raise ValueError(f"start_state must be one of {list(START_STATES)}")
 
 
 class PolicyNode(LifecycleNode):
@@ -126,6 +133,16 @@ class PolicyNode(LifecycleNode):
         self.create_service(SetBool, "~/set_deterministic", self._srv_set_deterministic)
         self.add_on_set_parameters_callback(self._on_set_parameters)
         self.create_timer(1.0, self._status_due, clock=self._steady)
+        if self.cfg.start_state != "unconfigured":
+            # From the spin, not here: the transitions' events then reach their subscribers.
+            self._start_timer = self.create_timer(0.0, self._take_start_state,
+                                                  clock=self._steady)
+
+    def _take_start_state(self) -> None:
+        self.destroy_timer(self._start_timer)
+        configured = self.trigger_configure() == TransitionCallbackReturn.SUCCESS
+        if configured and self.cfg.start_state == "active":
+            self.trigger_activate()
 
     def on_configure(self, state: LifecycleState) -> TransitionCallbackReturn:
         try:
