@@ -12,7 +12,10 @@ waits for the trainer's ``max_iterations``. Its metrics.csv gives the episode re
 (and length) against env steps and wall time at the marks, the best and the final mean.
 Then the best policy is deployed: ``policy_node`` with the trained bundle on a fresh robot
 process, which reports the return of every episode it runs (``~/status``), so the
-deployed mean return over ``--deploy-episodes`` compares with the training's best.
+deployed mean return over ``--deploy-episodes`` compares with the training's best, and
+with the same policy replayed in process on the same episodes (the robot seeded as the
+deploy robot): that second gap is the deploy path's own, without the training's exploring
+actions or its other episodes in the way.
 
 In process (``--in-process``, the default): the same trainer file on the same seed, its
 robot the in-process ``sims.spec_env`` (the spec's RobotSteps on the same MujocoWorld, each
@@ -48,6 +51,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 from learning import cpu_model  # noqa: E402  (the bench folder is not a package)
 
+DEPLOY_ROBOT_SEED = 12345
+"""The deploy robot's seed (its episodes' initial states and targets), apart from
+training's."""
 MARKS = (25_000, 50_000, 100_000, 150_000, 200_000, 400_000, 1_000_000)
 
 
@@ -151,7 +157,8 @@ def deploy(robot: str, policy: Path, episodes: int, rtf: float, out: Path, domai
     after each episode, as in training), and each episode's last reward-term values."""
     env = isolated_ros_env(domain)
     sim = _start("unilab_ros.sims.mujoco_robot_node", ROOT / "config" / "robots" /
-                 f"{robot}.yaml", {"real_time_factor": str(rtf), "seed": "12345"}, env,
+                 f"{robot}.yaml",
+                 {"real_time_factor": str(rtf), "seed": str(DEPLOY_ROBOT_SEED)}, env,
                  out / "deploy_robot.log")
     params = out / "deploy.yaml"
     params.write_text(yaml.safe_dump({"/**/unilab_policy": {"ros__parameters": {
@@ -186,6 +193,34 @@ def deploy(robot: str, policy: Path, episodes: int, rtf: float, out: Path, domai
         stop(sim)
     return {"returns": status.get("episode_returns", [])[:episodes],
             "final_terms": status.get("episode_final_terms", [])[:episodes]}
+
+
+def replay_in_process(robot: str, policy: Path, episodes: int) -> list[float]:
+    """The deterministic policy's returns in process (``sims.spec_env``) on the deployment's
+    episodes: the world seeded as the deploy robot and reset before each episode, as
+    ``policy_node`` resets it (``reset_between_episodes``)."""
+    from unilab_ros.rl.actions import ActionMapper
+    from unilab_ros.rl.bundle import read_policy
+    from unilab_ros.rl.policy import PolicySampler
+    from unilab_ros.sims.spec_env import RobotSpecEnv
+
+    bundle = read_policy(policy)
+    model = bundle.model()
+    sampler = PolicySampler(model, bundle.seed)
+    mapper = ActionMapper(bundle.actions, 1, model.action_dim)
+    env = RobotSpecEnv(robot=robot)
+    env.reset(seed=DEPLOY_ROBOT_SEED)
+    returns = []
+    for _ in range(episodes):
+        obs, _ = env.reset()
+        total, ended = 0.0, False
+        while not ended:
+            obs, reward, terminated, truncated, _ = env.step(
+                mapper(sampler(obs[None], True))[0])
+            total += reward
+            ended = terminated or truncated
+        returns.append(total)
+    return returns
 
 
 def _at(rows: list[dict], mark: int, key: str) -> float:
@@ -252,14 +287,20 @@ def main() -> None:
             print(f"seed {seed}: deployed final site distance {1000 * min(distances):.1f} .. "
                   f"{1000 * max(distances):.1f} mm (mean "
                   f"{1000 * sum(distances) / len(distances):.1f} mm)")
-        deployed.append((mean, best))
+        replay = replay_in_process(args.robot, policy, len(episodes))
+        replayed = sum(replay) / len(replay) if replay else math.nan
+        deployed.append((mean, best, replayed))
         print(f"seed {seed}: deployed {policy.name} on a fresh robot: {len(episodes)} "
               f"episodes, mean return {mean:.2f} (training best {best:.2f}, "
-              f"{100 * (mean - best) / abs(best):+.1f}%)")
-    worst = max(abs(m - b) / abs(b) for m, b in deployed) if deployed else math.nan
+              f"{100 * (mean - best) / abs(best):+.1f}%; the same episodes in process "
+              f"{replayed:.2f}, {100 * (mean - replayed) / abs(replayed):+.1f}%)")
+    worst = max(abs(m - b) / abs(b) for m, b, _ in deployed) if deployed else math.nan
+    worst_replay = (max(abs(m - r) / abs(r) for m, _, r in deployed) if deployed
+                    else math.nan)
     figures = {"final_min": min(finals, default=math.nan),
                "final_mean": sum(finals) / len(finals) if finals else math.nan,
                "deploy_gap_max": worst,
+               "deploy_replay_gap_max": worst_replay,
                "inproc_final_min": min(inproc_finals, default=math.nan),
                "inproc_final_mean": (sum(inproc_finals) / len(inproc_finals)
                                      if inproc_finals else math.nan)}
