@@ -196,6 +196,25 @@ def test_observations_are_normalized_when_enabled():
     )
 
 
+@pytest.mark.parametrize("keeps", [True, False])
+def test_normalizer_keeps_outputs_folds_the_new_statistics_into_the_first_layers(keeps):
+    model = make_model(normalizer_keeps_outputs=keeps)
+    rng = np.random.default_rng(1)
+    model.update_normalizer(mx.array(rng.normal(3.0, 10.0, (500, OBS_DIM)).astype(np.float32)))
+    probe = mx.array(rng.normal(3.0, 4.0, (64, OBS_DIM)).astype(np.float32))
+    before = np.array(model.policy(probe)), np.array(model.value(probe))
+    # A narrower, shifted batch: the statistics move far (std 10 -> ~4, mean 3 -> 1).
+    model.update_normalizer(mx.array(rng.normal(-1.0, 0.5, (2000, OBS_DIM)).astype(np.float32)))
+    assert float(mx.max(mx.abs(model.normalizer.mean - 3.0)).item()) > 1.0
+    after = np.array(model.policy(probe)), np.array(model.value(probe))
+    for old, new in zip(before, after, strict=True):
+        scale = np.abs(old).max()
+        if keeps:
+            np.testing.assert_allclose(new, old, atol=2e-5 * scale)
+        else:
+            assert np.abs(new - old).max() > 0.05 * scale
+
+
 @pytest.mark.parametrize(
     "overrides",
     [

@@ -225,7 +225,7 @@ class PPOAgent:
         # rsl_rl and Stable-Baselines3 do by storing normalized observations); the next
         # rollout acts with the statistics that include this one.
         if self.model_cfg.normalize_observations and not self.freeze_normalizer:
-            self.model.normalizer.update(obs)
+            self.model.update_normalizer(obs)
         buffer.clear()
         self.iteration += 1
         metrics["update_time"] = time.perf_counter() - start

@@ -43,6 +43,14 @@ class ModelConfig:
     """Normalized observations are clipped to +-this value; so are, once the normalizer
     has seen 1,000 samples, those that update its statistics (a sensor glitch then
     barely moves them)."""
+    normalizer_keeps_outputs: bool = False
+    """When the observation statistics change (after each update), rescale the first
+    layer of the actor and of the critic so both compute the same function of the raw
+    observation as before (exactly, for inputs inside the clip). Without it the new
+    statistics move the policy outside the update's KL stop and ratio clip: late in a run
+    the observations narrow as the policy gets good, the inputs it sees grow, and a
+    near-deterministic policy (InvertedDoublePendulum's std reaches 0.01) is pushed
+    further by that drift than a whole update may move it."""
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad field."""
@@ -116,6 +124,23 @@ class MLPActorCritic(nn.Module):
 
     def normalize(self, obs: mx.array) -> mx.array:
         return self.normalizer(obs) if self.cfg.normalize_observations else obs
+
+    def update_normalizer(self, obs: mx.array) -> None:
+        """Merge ``obs`` into the observation statistics (and, under
+        ``normalizer_keeps_outputs``, fold their change into the first layers)."""
+        before = self.normalizer.mean, self.normalizer.std
+        self.normalizer.update(obs)
+        if not self.cfg.normalizer_keeps_outputs:
+            return
+        old_mean, old_std = before
+        # (x - m) / s  =  (m' - m) / s  +  (s' / s) (x - m') / s'
+        scale = self.normalizer.std / old_std
+        shift = (self.normalizer.mean - old_mean) / old_std
+        for mlp in (self.actor, self.critic):
+            first = mlp.layers[0]
+            first.bias = first.bias + first.weight @ shift
+            first.weight = first.weight * scale
+        mx.eval(self.actor.parameters(), self.critic.parameters())
 
     def std_and_log_std(self) -> tuple[mx.array, mx.array]:
         """The bounded policy std and its log, shape (action_dim,)."""

@@ -55,6 +55,11 @@ class RunningNormalizer(nn.Module):
         """Normalized values are clipped to +-this."""
         return self._clip
 
+    @property
+    def std(self) -> mx.array:
+        """What the inputs are divided by: sqrt(var + epsilon)."""
+        return mx.sqrt(self.var + self._epsilon)
+
     def __call__(self, x: mx.array) -> mx.array:
         z = (x - self.mean) * mx.rsqrt(self.var + self._epsilon)
         return mx.clip(z, -self._clip, self._clip)
