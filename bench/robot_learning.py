@@ -20,7 +20,9 @@ actions or its other episodes in the way.
 In process (``--in-process``, the default): the same trainer file on the same seed, its
 robot the in-process ``sims.spec_env`` (the spec's RobotSteps on the same MujocoWorld, each
 step waiting for the policy: no latency, no stale data), for the same iterations: what the
-settings learn without ROS, beside what they learn through it.
+settings learn without ROS, beside what they learn through it. Its best policy is then
+replayed in process on the deploy robot's episodes (``--deploy-episodes``), with the
+distance left at each episode's end for a spec with a ``site_distance`` term (the reacher).
 
 Prints the CPU model; the last line is ``robot_learning <robot> final_min=<x> ...``
 (through ROS; ``inproc_final_min`` in process).
@@ -92,10 +94,12 @@ def train(robot: str, seed: int, iterations: int, rtf: float, out: Path,
     return {"rows": rows, "wall": wall}
 
 
-def train_in_process(robot: str, seed: int, iterations: int) -> dict:
-    """The same training in process (``sims.spec_env``): rows as metrics.csv's."""
+def train_in_process(robot: str, seed: int, iterations: int, out: Path) -> dict:
+    """The same training in process (``sims.spec_env``): rows as metrics.csv's, and the
+    best policy (the last one if no best was kept) exported to ``out``."""
     from unilab_ros import demo
     from unilab_ros.rl.best import BestPolicy
+    from unilab_ros.rl.checkpoint import export_policy
     from unilab_ros.sims.spec_env import spec_training_setup
 
     setup = spec_training_setup(ROOT / "config" / "robot_train" / f"{robot}.yaml", robot,
@@ -109,8 +113,14 @@ def train_in_process(robot: str, seed: int, iterations: int) -> dict:
                      "steps_dropped": 0, "stale_cuts": 0})
 
     began = time.monotonic()
-    demo.train(setup, iterations, record, BestPolicy())
-    return {"rows": rows, "wall": time.monotonic() - began}
+    best = BestPolicy()
+    agent, _ = demo.train(setup, iterations, record, best)
+    wall = time.monotonic() - began
+    if best.parameters is not None:
+        agent.model.update(best.parameters)
+    out.mkdir(parents=True, exist_ok=True)
+    policy = export_policy(out / f"in_process_seed{seed}.safetensors", agent, setup.actions)
+    return {"rows": rows, "wall": wall, "policy": policy}
 
 
 def _summary(rows: list[dict]) -> tuple[str, float, float]:
@@ -195,10 +205,12 @@ def deploy(robot: str, policy: Path, episodes: int, rtf: float, out: Path, domai
             "final_terms": status.get("episode_final_terms", [])[:episodes]}
 
 
-def replay_in_process(robot: str, policy: Path, episodes: int) -> list[float]:
+def replay_in_process(robot: str, policy: Path, episodes: int
+                      ) -> tuple[list[float], list[dict[str, float]]]:
     """The deterministic policy's returns in process (``sims.spec_env``) on the deployment's
-    episodes: the world seeded as the deploy robot and reset before each episode, as
-    ``policy_node`` resets it (``reset_between_episodes``)."""
+    episodes, and each episode's last reward-term values: the world seeded as the deploy
+    robot and reset before each episode, as ``policy_node`` resets it
+    (``reset_between_episodes``)."""
     from unilab_ros.rl.actions import ActionMapper
     from unilab_ros.rl.bundle import read_policy
     from unilab_ros.rl.policy import PolicySampler
@@ -210,17 +222,31 @@ def replay_in_process(robot: str, policy: Path, episodes: int) -> list[float]:
     mapper = ActionMapper(bundle.actions, 1, model.action_dim)
     env = RobotSpecEnv(robot=robot)
     env.reset(seed=DEPLOY_ROBOT_SEED)
-    returns = []
+    returns, final_terms = [], []
     for _ in range(episodes):
         obs, _ = env.reset()
         total, ended = 0.0, False
         while not ended:
-            obs, reward, terminated, truncated, _ = env.step(
+            obs, reward, terminated, truncated, info = env.step(
                 mapper(sampler(obs[None], True))[0])
             total += reward
             ended = terminated or truncated
         returns.append(total)
-    return returns
+        final_terms.append(info["term_values"])
+    return returns, final_terms
+
+
+def site_distances(final_terms: list[dict[str, float]]) -> list[float]:
+    """The distance left at each episode's end (m), of a spec with a site_distance term."""
+    return [value for terms in final_terms for key, value in terms.items()
+            if key.endswith("site_distance")]
+
+
+def print_distances(what: str, distances: list[float]) -> None:
+    if distances:
+        print(f"{what} final site distance {1000 * min(distances):.1f} .. "
+              f"{1000 * max(distances):.1f} mm (mean "
+              f"{1000 * sum(distances) / len(distances):.1f} mm)")
 
 
 def _at(rows: list[dict], mark: int, key: str) -> float:
@@ -251,16 +277,22 @@ def main() -> None:
     out = args.out or Path(tempfile.mkdtemp(prefix=f"robot_learning_{args.robot}_"))
     print(f"cpu: {cpu_model()}; robot {args.robot}, real_time_factor "
           f"{args.real_time_factor}, output {out}")
-    finals, deployed, inproc_finals = [], [], []
+    finals, deployed, inproc_finals, inproc_distances = [], [], [], []
     iterations = args.iterations or _file_iterations(args.robot)
     for seed in args.seeds:
         if args.in_process:
-            result = train_in_process(args.robot, seed, iterations)
+            result = train_in_process(args.robot, seed, iterations, out)
             marks, best, final = _summary(result["rows"])
             inproc_finals.append(final)
             print(f"seed {seed} in process: {_steps(result['rows'][-1])} env steps in "
                   f"{result['wall']:.0f} s | mean return at {marks} | best {best:.2f} final "
                   f"{final:.2f} | final length {float(result['rows'][-1]['mean_length']):.0f}")
+            replay, terms = replay_in_process(args.robot, result["policy"],
+                                              args.deploy_episodes)
+            print(f"seed {seed} in process: its best policy, deterministic, on the deploy "
+                  f"robot's {len(replay)} episodes: mean return {sum(replay) / len(replay):.2f}")
+            print_distances(f"seed {seed} in process:", site_distances(terms))
+            inproc_distances += site_distances(terms)
         if not args.ros:
             continue
         run = out / f"seed{seed}"
@@ -281,13 +313,8 @@ def main() -> None:
                               args.real_time_factor, run, 80 + seed, timeout=600.0)
         episodes = deployed_run["returns"]
         mean = sum(episodes) / len(episodes) if episodes else math.nan
-        distances = [value for terms in deployed_run["final_terms"]
-                     for key, value in terms.items() if key.endswith("site_distance")]
-        if distances:
-            print(f"seed {seed}: deployed final site distance {1000 * min(distances):.1f} .. "
-                  f"{1000 * max(distances):.1f} mm (mean "
-                  f"{1000 * sum(distances) / len(distances):.1f} mm)")
-        replay = replay_in_process(args.robot, policy, len(episodes))
+        print_distances(f"seed {seed}: deployed", site_distances(deployed_run["final_terms"]))
+        replay, _ = replay_in_process(args.robot, policy, len(episodes))
         replayed = sum(replay) / len(replay) if replay else math.nan
         deployed.append((mean, best, replayed))
         print(f"seed {seed}: deployed {policy.name} on a fresh robot: {len(episodes)} "
@@ -303,7 +330,9 @@ def main() -> None:
                "deploy_replay_gap_max": worst_replay,
                "inproc_final_min": min(inproc_finals, default=math.nan),
                "inproc_final_mean": (sum(inproc_finals) / len(inproc_finals)
-                                     if inproc_finals else math.nan)}
+                                     if inproc_finals else math.nan),
+               "inproc_distance_mean_mm": (1000 * sum(inproc_distances) / len(inproc_distances)
+                                           if inproc_distances else math.nan)}
     print(f"robot_learning {args.robot} "
           + " ".join(f"{key}={value:.3f}" for key, value in figures.items()))
 

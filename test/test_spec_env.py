@@ -42,6 +42,12 @@ def test_a_failure_is_terminated_and_the_episode_length_truncates(tmp_path):
     assert terminated and not truncated and steps < 200
     assert info["fired"] == ["joint_pos_out_of_bounds"]
     assert info["reward_terms"]["termination"] == pytest.approx(-50.0 * 0.02)
+    # Each weighted term's own value (share / (weight x dt)), as the deploy node reports.
+    values = info["term_values"]
+    assert values["0:alive"] == 0.0 and values["1:termination"] == 1.0  # a failure step
+    slider = env.unwrapped._world.joint_state(0)
+    speed = slider.velocity[slider.names.index("slider")]
+    assert values["2:joint_vel_l2"] == pytest.approx(speed**2, rel=1e-4)
     spec = yaml.safe_load(config_file("robot_specs/cartpole.yaml").read_text())
     spec["terminations"] = [{"kind": "episode_length", "max_steps": 7}]
     path = tmp_path / "short.yaml"

@@ -84,7 +84,7 @@ class DeployedRobot:
         event = steps.tick(now)
         if isinstance(event, Transition):
             self._return += float(event.reward[0])
-            self._last_terms = self._term_values()
+            self._last_terms = self.steps.term_values()
         if not steps.needs_reset:
             self._ending = False
         if steps.needs_reset:
@@ -134,14 +134,6 @@ class DeployedRobot:
         self.returns.append(self._return)
         self.final_terms.append(self._last_terms)
         self._return = 0.0
-
-    def _term_values(self) -> dict[str, float]:
-        """The latest step's value of each reward term (its share / (weight x dt)): the
-        distance left at an episode's end, say."""
-        spec = self.steps.spec
-        return {f"{i}:{term.kind}": round(share / (term.weight * spec.dt), 6)
-                for i, (term, share) in enumerate(zip(spec.rewards, self.steps.reward_shares,
-                                                      strict=True)) if term.weight}
 
     def status(self) -> dict[str, Any]:
         returns = list(self.returns)

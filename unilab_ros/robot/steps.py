@@ -91,6 +91,13 @@ class RobotSteps:
         self._cut = False
         self.start_episode(-math.inf)
 
+    def term_values(self) -> dict[str, float]:
+        """The latest step's value of each weighted reward term (its share / (weight x
+        dt)), keyed ``index:kind``: the distance left at an episode's end, say."""
+        return {f"{i}:{term.kind}": round(share / (term.weight * self.spec.dt), 6)
+                for i, (term, share) in enumerate(zip(self.spec.rewards, self.reward_shares,
+                                                      strict=True)) if term.weight}
+
     def start_episode(self, now: float) -> None:
         """A new episode from ``now`` (the robot was reset): new commands, empty history; the
         first tick acts on samples newer than ``now``."""

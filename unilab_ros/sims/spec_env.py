@@ -149,7 +149,8 @@ class RobotSpecEnv(gym.Env):
         self._obs = step.next_obs
         info = {"fired": list(self._steps.fired),
                 "reward_terms": dict(zip([term.kind for term in self.robot_spec.rewards],
-                                         self._steps.reward_shares, strict=True))}
+                                         self._steps.reward_shares, strict=True)),
+                "term_values": self._steps.term_values()}
         return (step.next_obs[0].astype(np.float32), float(step.reward[0]),
                 code == DoneCode.TERMINATED, code == DoneCode.TRUNCATED, info)
 
