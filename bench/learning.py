@@ -4,6 +4,8 @@
     python bench/learning.py --tasks pendulum --seeds 0 1 2 --steps 300000
     python bench/learning.py --quick                  # short budgets, a smoke run
     python bench/learning.py --no-ros --no-sb3 --png /tmp/curves.png
+    python bench/learning.py --config continuous_control.yaml --tasks ant --no-ours \
+        --no-ros --seeds 0                        # SB3 only, beside an earlier run of ours
 
 Each (task, seed) trains in-process (no ROS) from the task's shipped params file, in
 its own process (``--jobs`` at a time). The table gives, per task and seed, the
@@ -561,6 +563,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=None, help="env steps per run")
     parser.add_argument("--jobs", type=int, default=2, help="runs in parallel")
     parser.add_argument("--quick", action="store_true", help="a tenth of each budget")
+    parser.add_argument("--ours", action=argparse.BooleanOptionalAction, default=True,
+                        help="train ours in process (--no-ours: only the ROS and SB3 parts, "
+                             "say SB3 for a run of ours already measured)")
     parser.add_argument("--ros", action=argparse.BooleanOptionalAction, default=True,
                         help="also train through ROS (sim_train), tasks with ros_seeds")
     parser.add_argument("--ros-steps", type=int, default=None,
@@ -618,7 +623,7 @@ def main(argv: list[str] | None = None) -> int:
             task = tasks[name]
             budget = budget_of(task)
             seeds = args.seeds if args.seeds is not None else task.seeds
-            jobs += [Job(task, OURS, seed, budget) for seed in seeds]
+            jobs += [Job(task, OURS, seed, budget) for seed in seeds if args.ours]
             if args.ros and task.ros_seeds:
                 ros_seeds = args.seeds if args.seeds is not None else task.ros_seeds
                 ros_budget = args.ros_steps or (
