@@ -200,19 +200,35 @@ def test_observations_are_normalized_when_enabled():
 def test_normalizer_keeps_outputs_folds_the_new_statistics_into_the_first_layers(keeps):
     model = make_model(normalizer_keeps_outputs=keeps)
     rng = np.random.default_rng(1)
-    model.update_normalizer(mx.array(rng.normal(3.0, 10.0, (500, OBS_DIM)).astype(np.float32)))
     probe = mx.array(rng.normal(3.0, 4.0, (64, OBS_DIM)).astype(np.float32))
-    before = np.array(model.policy(probe)), np.array(model.value(probe))
-    # A narrower, shifted batch: the statistics move far (std 10 -> ~4, mean 3 -> 1).
-    model.update_normalizer(mx.array(rng.normal(-1.0, 0.5, (2000, OBS_DIM)).astype(np.float32)))
+
+    def outputs() -> tuple[np.ndarray, np.ndarray]:
+        return np.array(model.policy(probe)), np.array(model.value(probe))
+
+    # The first statistics replace the placeholder (mean 0, std 1): they set the inputs'
+    # scale, folded or not, and the move is reported as a KL.
+    placeholder = outputs()
+    first_kl = model.update_normalizer(
+        mx.array(rng.normal(3.0, 10.0, (500, OBS_DIM)).astype(np.float32)))
+    before = outputs()
+    assert first_kl > 0.0 and np.abs(before[0] - placeholder[0]).max() > 0.0
+    # A narrower, shifted batch: the statistics move far (std 10 -> ~4, mean 3 -> ~-0.6).
+    batch = mx.array(rng.normal(-1.0, 0.5, (2000, OBS_DIM)).astype(np.float32))
+    moved_from = np.array(model.policy(batch))
+    kl = model.update_normalizer(batch)
+    std = np.array(model.std_and_log_std()[0])
+    expected = 0.5 * np.mean(np.sum(((np.array(model.policy(batch)) - moved_from) / std) ** 2,
+                                    axis=-1))
     assert float(mx.max(mx.abs(model.normalizer.mean - 3.0)).item()) > 1.0
-    after = np.array(model.policy(probe)), np.array(model.value(probe))
+    after = outputs()
     for old, new in zip(before, after, strict=True):
         scale = np.abs(old).max()
         if keeps:
             np.testing.assert_allclose(new, old, atol=2e-5 * scale)
         else:
             assert np.abs(new - old).max() > 0.05 * scale
+    assert kl == pytest.approx(expected, rel=1e-3, abs=1e-9)
+    assert (kl < 1e-9) if keeps else (kl > 1e-6)
 
 
 @pytest.mark.parametrize(

@@ -224,8 +224,9 @@ class PPOAgent:
         # The epochs trained on inputs normalized as the acting policy saw them (as
         # rsl_rl and Stable-Baselines3 do by storing normalized observations); the next
         # rollout acts with the statistics that include this one.
+        metrics["normalizer_kl"] = 0.0
         if self.model_cfg.normalize_observations and not self.freeze_normalizer:
-            self.model.update_normalizer(obs)
+            metrics["normalizer_kl"] = self.model.update_normalizer(obs)
         buffer.clear()
         self.iteration += 1
         metrics["update_time"] = time.perf_counter() - start

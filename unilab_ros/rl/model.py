@@ -44,13 +44,15 @@ class ModelConfig:
     has seen 1,000 samples, those that update its statistics (a sensor glitch then
     barely moves them)."""
     normalizer_keeps_outputs: bool = False
-    """When the observation statistics change (after each update), rescale the first
-    layer of the actor and of the critic so both compute the same function of the raw
-    observation as before (exactly, for inputs inside the clip). Without it the new
-    statistics move the policy outside the update's KL stop and ratio clip: late in a run
-    the observations narrow as the policy gets good, the inputs it sees grow, and a
-    near-deterministic policy (InvertedDoublePendulum's std reaches 0.01) is pushed
-    further by that drift than a whole update may move it."""
+    """When the observation statistics change (after each update but the first, whose
+    statistics replace the placeholder mean 0 and std 1 and so set the inputs' scale),
+    fold the change into the first layer of the actor and of the critic (weights x s'/s,
+    bias + W (m' - m)/s): both compute the same function of the raw observation as before
+    (exactly, inside the clip). Without it the new statistics move the policy outside the
+    update's KL stop and ratio clip, every update in the same direction: late in a run the
+    observations narrow as the policy gets good, the normalized inputs grow, and so do the
+    gains of a near-deterministic policy (InvertedDoublePendulum's std reaches 0.01-0.03)
+    until it overshoots."""
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad field."""
@@ -125,22 +127,27 @@ class MLPActorCritic(nn.Module):
     def normalize(self, obs: mx.array) -> mx.array:
         return self.normalizer(obs) if self.cfg.normalize_observations else obs
 
-    def update_normalizer(self, obs: mx.array) -> None:
-        """Merge ``obs`` into the observation statistics (and, under
-        ``normalizer_keeps_outputs``, fold their change into the first layers)."""
-        before = self.normalizer.mean, self.normalizer.std
+    def update_normalizer(self, obs: mx.array) -> float:
+        """Merge ``obs`` into the observation statistics; return the mean KL by which the
+        change moved the policy on ``obs`` (0 when ``normalizer_keeps_outputs`` folded it
+        into the first layers)."""
+        before_mean, before_std = self.normalizer.mean, self.normalizer.std
+        first = float(self.normalizer.count.item()) == 0.0
+        actions_before = self.policy(obs)
         self.normalizer.update(obs)
-        if not self.cfg.normalizer_keeps_outputs:
-            return
-        old_mean, old_std = before
-        # (x - m) / s  =  (m' - m) / s  +  (s' / s) (x - m') / s'
-        scale = self.normalizer.std / old_std
-        shift = (self.normalizer.mean - old_mean) / old_std
-        for mlp in (self.actor, self.critic):
-            first = mlp.layers[0]
-            first.bias = first.bias + first.weight @ shift
-            first.weight = first.weight * scale
-        mx.eval(self.actor.parameters(), self.critic.parameters())
+        if self.cfg.normalizer_keeps_outputs and not first:
+            # (x - m) / s  =  (m' - m) / s  +  (s' / s) (x - m') / s'
+            scale = self.normalizer.std / before_std
+            shift = (self.normalizer.mean - before_mean) / before_std
+            for mlp in (self.actor, self.critic):
+                layer = mlp.layers[0]
+                layer.bias = layer.bias + layer.weight @ shift
+                layer.weight = layer.weight * scale
+            mx.eval(self.actor.parameters(), self.critic.parameters())
+        std, _ = self.std_and_log_std()
+        # The std does not depend on the input, so the KL is the mean's shift alone.
+        shift_kl = mx.sum(mx.square((self.policy(obs) - actions_before) / std), axis=-1)
+        return float(mx.mean(shift_kl).item()) / 2.0
 
     def std_and_log_std(self) -> tuple[mx.array, mx.array]:
         """The bounded policy std and its log, shape (action_dim,)."""
