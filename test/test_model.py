@@ -229,6 +229,27 @@ def test_normalizer_keeps_outputs_folds_the_new_statistics_into_the_first_layers
             assert np.abs(new - old).max() > 0.05 * scale
     assert kl == pytest.approx(expected, rel=1e-3, abs=1e-9)
     assert (kl < 1e-9) if keeps else (kl > 1e-6)
+    # A widening on one input is left to the statistics (the input is divided by more:
+    # the policy gets less sensitive to it); the narrowing on the others is still folded.
+    wide = rng.normal(-1.0, 0.5, (20000, OBS_DIM)).astype(np.float32)
+    wide[:, 0] = rng.normal(0.0, 50.0, 20000)
+    saved = model.parameters()  # MLX arrays are immutable: references keep this state
+    old_mean, old_std = np.array(model.normalizer.mean), np.array(model.normalizer.std)
+    model.update_normalizer(mx.array(wide))
+    new_mean, new_std = np.array(model.normalizer.mean), np.array(model.normalizer.std)
+    assert new_std[0] > old_std[0] and (new_std[1:] <= old_std[1:]).all()
+    # Input 0 at the one value both statistics normalize alike, and elsewhere.
+    fixed = (old_mean[0] * new_std[0] - new_mean[0] * old_std[0]) / (new_std[0] - old_std[0])
+    at_fixed, elsewhere = np.array(probe), np.array(probe)
+    at_fixed[:, 0], elsewhere[:, 0] = fixed, fixed + 5.0 * new_std[0]
+    probes = mx.array(np.concatenate([at_fixed, elsewhere]))
+    moved = np.array(model.policy(probes))
+    model.update(saved)
+    unmoved = np.array(model.policy(probes))
+    gap = np.abs(moved - unmoved).max(axis=-1)
+    if keeps:
+        np.testing.assert_allclose(moved[:64], unmoved[:64], atol=2e-5 * np.abs(unmoved).max())
+    assert gap[64:].max() > 1e-3
 
 
 @pytest.mark.parametrize(

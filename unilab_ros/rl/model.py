@@ -44,15 +44,18 @@ class ModelConfig:
     has seen 1,000 samples, those that update its statistics (a sensor glitch then
     barely moves them)."""
     normalizer_keeps_outputs: bool = False
-    """When the observation statistics change (after each update but the first, whose
-    statistics replace the placeholder mean 0 and std 1 and so set the inputs' scale),
-    fold the change into the first layer of the actor and of the critic (weights x s'/s,
-    bias + W (m' - m)/s): both compute the same function of the raw observation as before
-    (exactly, inside the clip). Without it the new statistics move the policy outside the
-    update's KL stop and ratio clip, every update in the same direction: late in a run the
-    observations narrow as the policy gets good, the normalized inputs grow, and so do the
-    gains of a near-deterministic policy (InvertedDoublePendulum's std reaches 0.01-0.03)
-    until it overshoots."""
+    """When an input's spread narrows (its std falls at an update), fold the change of its
+    statistics into the first layer of the actor and of the critic (weights x s'/s, bias
+    + W (m' - m)/s): along it both compute the same function of the raw observation as
+    before (exactly, inside the clip). Without it the new statistics move the policy
+    outside the update's KL stop and ratio clip, every update in the same direction: late
+    in a run the observations narrow as the policy gets good, the normalized inputs grow,
+    and so do the gains of a near-deterministic policy (InvertedDoublePendulum's std
+    reaches 0.01-0.03) until it overshoots. An input whose spread grew is left to the
+    statistics (it is divided by more: the policy gets less sensitive to it), since
+    folding that keeps the gain of an input that was nearly constant at first (Ant's
+    contact forces) and leaves the policy hypersensitive to it. The first statistics are
+    never folded: they replace the placeholder (mean 0, std 1) and set the inputs' scale."""
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad field."""
@@ -129,16 +132,18 @@ class MLPActorCritic(nn.Module):
 
     def update_normalizer(self, obs: mx.array) -> float:
         """Merge ``obs`` into the observation statistics; return the mean KL by which the
-        change moved the policy on ``obs`` (0 when ``normalizer_keeps_outputs`` folded it
-        into the first layers)."""
+        change moved the policy on ``obs`` (under ``normalizer_keeps_outputs``, what was
+        left unfolded)."""
         before_mean, before_std = self.normalizer.mean, self.normalizer.std
         first = float(self.normalizer.count.item()) == 0.0
         actions_before = self.policy(obs)
         self.normalizer.update(obs)
         if self.cfg.normalizer_keeps_outputs and not first:
-            # (x - m) / s  =  (m' - m) / s  +  (s' / s) (x - m') / s'
-            scale = self.normalizer.std / before_std
-            shift = (self.normalizer.mean - before_mean) / before_std
+            # (x - m) / s  =  (m' - m) / s  +  (s' / s) (x - m') / s', for the inputs whose
+            # spread narrowed; the others stay unfolded (scale 1, no shift).
+            narrowed = self.normalizer.std <= before_std
+            scale = mx.where(narrowed, self.normalizer.std / before_std, 1.0)
+            shift = mx.where(narrowed, (self.normalizer.mean - before_mean) / before_std, 0.0)
             for mlp in (self.actor, self.critic):
                 layer = mlp.layers[0]
                 layer.bias = layer.bias + layer.weight @ shift
