@@ -7,8 +7,8 @@ and must reach -300; the full run trains seeds 0-2 over 300k and must reach -250
 
 The full run also trains InvertedDoublePendulum-v5 (the bench's copy of the file, only
 sizes and budget changed) for 300k on seeds 0-2, the task whose late drop the file's
-``normalizer_keeps_outputs`` ended: measured 9,072 / 8,793 / 7,875 at the end against
-bests of 9,166 / 8,793 / 8,153; without it 5,736 and 6,111 against 7,958 and 7,561 on
+``normalizer_keeps_outputs`` ended: measured 7,874 / 9,083 / 7,781 at the end against
+bests of 8,150 / 9,083 / 8,522; without it 5,736 and 6,111 against 7,958 and 7,561 on
 seeds 0 and 1. Each seed must pass 7,000 and end within 15% of its best.
 """
 
