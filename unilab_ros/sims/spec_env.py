@@ -149,8 +149,11 @@ class RobotSpecEnv(gym.Env):
         self._obs = step.next_obs
         info = {"fired": list(self._steps.fired),
                 "reward_terms": dict(zip([term.kind for term in self.robot_spec.rewards],
-                                         self._steps.reward_shares, strict=True)),
-                "term_values": self._steps.term_values()}
+                                         self._steps.reward_shares, strict=True))}
+        if code != DoneCode.RUNNING:
+            # What the deploy node reports of an episode's end (the distance left, say);
+            # only then, to keep it off the per-step path.
+            info["term_values"] = self._steps.term_values()
         return (step.next_obs[0].astype(np.float32), float(step.reward[0]),
                 code == DoneCode.TERMINATED, code == DoneCode.TRUNCATED, info)
 
