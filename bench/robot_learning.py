@@ -291,8 +291,9 @@ def main() -> None:
                                               args.deploy_episodes)
             print(f"seed {seed} in process: its best policy, deterministic, on the deploy "
                   f"robot's {len(replay)} episodes: mean return {sum(replay) / len(replay):.2f}")
-            print_distances(f"seed {seed} in process:", site_distances(terms))
-            inproc_distances += site_distances(terms)
+            distances = site_distances(terms)
+            print_distances(f"seed {seed} in process:", distances)
+            inproc_distances += distances
         if not args.ros:
             continue
         run = out / f"seed{seed}"
