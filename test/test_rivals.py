@@ -8,11 +8,13 @@ import numpy as np
 import pytest
 import rclpy
 from rclpy.executors import SingleThreadedExecutor
+from rclpy.qos import QoSProfile
 from ros_helpers import spin_until
 from std_msgs.msg import Float32MultiArray
 from test_sim_pause import TINY_TRAINER, overrides
 
-from unilab_ros.graph_checks import LIVE_WINDOW
+from unilab_ros.action_output import ActionOutput, ActionOutputConfig
+from unilab_ros.graph_checks import LIVE_WINDOW, UNNAMED_MIN_COMMANDS, RivalWatch
 from unilab_ros.gym_env_node import GymEnvNode
 from unilab_ros.messages import to_float32_msg
 from unilab_ros.trainer.node import NEWCOMER_WINDOW, TrainerNode
@@ -72,3 +74,34 @@ def test_the_newcomer_refuses_and_the_first_trainer_waits_until_it_is_gone(conte
         for node in (first, newcomer, bridge):
             if node is not None:
                 node.destroy_node()
+
+
+def test_a_lone_stray_command_is_no_rival_but_a_steady_unnamed_stream_is(context):
+    """A rival the graph does not name yet is known only by its commands: it takes a
+    steady stream of them (``UNNAMED_MIN_COMMANDS`` within ``LIVE_WINDOW``); one stray
+    sample stopped a healthy CI run for 2 s and dropped its steps."""
+    node = rclpy.create_node("watcher", context=context)
+    executor = SingleThreadedExecutor(context=context)
+    executor.add_node(node)
+    output = ActionOutput(node, ActionOutputConfig(), QoSProfile(depth=10))
+    watch = RivalWatch(node, [output], listen_for=60.0)
+    stray = output.wire(np.full((2, 1), 0.25, np.float32))
+    try:
+        # Its own commands come back on the topic and never count.
+        for value in range(2 * UNNAMED_MIN_COMMANDS):
+            watch.publish(0, np.full((2, 1), value, np.float32))
+        spin_until(executor, lambda: False, 0.3)
+        assert watch.check() == []
+        # What the subscription hands over for a command no publisher in the graph sent.
+        watch._heard(stray)
+        assert watch.check() == []
+        for _ in range(UNNAMED_MIN_COMMANDS - 1):
+            watch._heard(stray)
+        assert watch.check() == ["commands arrive from a publisher the ROS graph does not "
+                                 "name yet"]
+        time.sleep(LIVE_WINDOW + 0.1)
+        assert watch.check() == [], "a stream that stopped is no rival any more"
+    finally:
+        watch.close()
+        executor.shutdown()
+        node.destroy_node()

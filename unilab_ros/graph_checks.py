@@ -9,7 +9,6 @@ while commands that are not this node's own arrive on its action topics.
 
 from __future__ import annotations
 
-import math
 import time
 from collections import deque
 from typing import Any
@@ -23,6 +22,11 @@ from unilab_ros.robot_link import JointCommandOutput
 
 LIVE_WINDOW = 2.0
 """Seconds a foreign command keeps the rival that sent it counted as live."""
+UNNAMED_MIN_COMMANDS = 10
+"""Foreign commands within ``LIVE_WINDOW`` that make a rival of a publisher the graph does
+not name: a rival commands a robot steadily (10 is 0.2 s of a 50 Hz trainer), while a lone
+stray sample (seen once in CI, from a publisher the graph never named) must not stop
+training."""
 
 CommandOutput = ActionOutput | JointCommandOutput
 """What sends a node's commands: the topic contract's arrays, or a robot spec's joints."""
@@ -70,7 +74,7 @@ class RivalWatch:
         # Best effort hears reliable and best-effort publishers alike.
         self._qos = QoSProfile(depth=10, reliability=ReliabilityPolicy.BEST_EFFORT)
         self._own: deque[bytes] = deque(maxlen=64)
-        self._last_foreign = -math.inf
+        self._foreign: deque[float] = deque(maxlen=UNNAMED_MIN_COMMANDS)
         self._listen_until = time.monotonic() + listen_for
         self._subscriptions: list[Any] = []
         self._listen(True)
@@ -86,9 +90,12 @@ class RivalWatch:
         found = rivals(self._node, [output.topic_name for output in self._outputs])
         now = time.monotonic()
         self._listen(bool(found) or now < self._listen_until)
-        if now - self._last_foreign > LIVE_WINDOW:
-            return []
-        return found or ["commands arrive from a publisher the ROS graph does not name yet"]
+        recent = sum(1 for heard in self._foreign if now - heard <= LIVE_WINDOW)
+        if found and recent:
+            return found
+        if recent >= UNNAMED_MIN_COMMANDS:
+            return ["commands arrive from a publisher the ROS graph does not name yet"]
+        return []
 
     def close(self) -> None:
         """Stop listening (the outputs stay the caller's)."""
@@ -112,4 +119,4 @@ class RivalWatch:
         if payload in self._own:
             self._own.remove(payload)
         else:
-            self._last_foreign = time.monotonic()
+            self._foreign.append(time.monotonic())
