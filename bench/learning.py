@@ -18,8 +18,9 @@ seeds 0-2): the main job ``sim_train`` (bridge and trainer as two processes talk
 topics) trains ``--ros-steps`` env steps per seed; its metrics.csv gives the same table.
 Stable-Baselines3 (``--sb3``, the default when it imports; ``make bench`` installs it):
 SB3's PPO on the same task, budget and env count, with rl-baselines3-zoo's
-hyperparameters where it has them. ``--png`` draws the median and the min-max range over
-seeds of every curve, one panel per task. The last line is machine-readable:
+hyperparameters where it has them (``sb3_zoo.py``). ``--png`` draws the median and the
+min-max range over seeds of every curve, one panel per task. The last line is
+machine-readable:
 
     learning pendulum_worst=<x> pendulum_at_100k_min=<x> ip_at_100k_min=<x> \
 hc_at_1m_mean=<x> sb3_hc_at_1m_mean=<x> ip_eval_at_100k_min=<x> ip_eval_min_from_100k=<x>
@@ -41,6 +42,8 @@ initial states and noise): paired_drop_max is the largest (best - final) / |best
 two mean returns over seeds, the late drop without the noise of comparing two windows.
 nan: not measured (or a run failed, which is printed above).
 
+The table, the summary lines and the figure come from ``learning_report.py``.
+
 Floating-point rounding differs between CPUs, so a claim holds over seeds or not at all.
 """
 
@@ -58,65 +61,28 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
-from policy_checks import EVAL_EPISODES, evaluate, frozen_spread
+from learning_report import (
+    HOLD_FROM,
+    OURS,
+    ROS,
+    SB3,
+    column,
+    frozen_drop,
+    late_drop,
+    lowest,
+    mean,
+    paired_drop,
+    plot_curves,
+    print_table,
+    summarize,
+)
+from policy_checks import evaluate, frozen_spread
+from sb3_zoo import run_sb3, sb3_settings, sb3_status
 
 ROOT = Path(__file__).resolve().parents[1]
 ROS_STEPS = 150_000
 """Default budget through ROS: the issue's target for ROS seeds holds through 150k."""
-HOLD_FROM = 100_000
-"""pendulum_worst looks from here on: the target is >= -250 from 100k through the end."""
-
-# SB3 PPO hyperparameters from rl-baselines3-zoo, hyperparams/ppo.yml
-# (github.com/DLR-RM/rl-baselines3-zoo, commit 208b6fdf3a9a), verbatim. The zoo tunes
-# HalfCheetah-v4 and InvertedPendulum-v2; -v5 keeps their model, observation and reward,
-# so those entries serve for -v5. "n_envs" and "n_steps" are the zoo's: sb3_settings()
-# replaces n_envs by the task's env count and rescales n_steps (see there). policy_kwargs'
-# activation_fn names a torch.nn class (the zoo writes nn.ReLU).
-SB3_ZOO: dict[str, dict[str, Any]] = {
-    "Pendulum-v1": {
-        "n_envs": 4, "n_steps": 1024, "gae_lambda": 0.95, "gamma": 0.9, "n_epochs": 10,
-        "ent_coef": 0.0, "learning_rate": 1e-3, "clip_range": 0.2, "use_sde": True,
-        "sde_sample_freq": 4,
-    },
-    "HalfCheetah-v5": {
-        "normalize": True, "n_envs": 1, "n_steps": 512, "batch_size": 64, "gamma": 0.98,
-        "learning_rate": 2.0633e-05, "ent_coef": 0.000401762, "clip_range": 0.1,
-        "n_epochs": 20, "gae_lambda": 0.92, "max_grad_norm": 0.8, "vf_coef": 0.58096,
-        "policy_kwargs": {"log_std_init": -2, "ortho_init": False, "activation_fn": "ReLU",
-                          "net_arch": {"pi": [256, 256], "vf": [256, 256]}},
-    },
-    "InvertedPendulum-v5": {
-        "normalize": True, "n_envs": 1, "n_steps": 32, "batch_size": 64, "gamma": 0.999,
-        "learning_rate": 0.000222425, "ent_coef": 1.37976e-07, "clip_range": 0.4,
-        "n_epochs": 5, "gae_lambda": 0.9, "max_grad_norm": 0.3, "vf_coef": 0.19816,
-    },
-}
-# rl-baselines3-zoo's PPO entries (hyperparams/ppo.yml, commit 00128b5d46d4) for the tasks
-# the development set adds (general_config.py); -v5 keeps the -v3 / -v2 model, observation
-# and reward.
-# Swimmer's and Ant's are the zoo's MuJoCo defaults (normalize, SB3's PPO defaults; the
-# zoo's newer Swimmer entry adds a TimeFeatureWrapper, which is not used here).
-SB3_ZOO.update({
-    "InvertedDoublePendulum-v5": {
-        "normalize": True, "n_envs": 1, "n_steps": 128, "batch_size": 512, "gamma": 0.98,
-        "learning_rate": 0.000155454, "ent_coef": 1.05057e-06, "clip_range": 0.4,
-        "n_epochs": 10, "gae_lambda": 0.8, "max_grad_norm": 0.5, "vf_coef": 0.695929,
-    },
-    "Reacher-v5": {
-        "normalize": True, "n_envs": 1, "n_steps": 512, "batch_size": 32, "gamma": 0.9,
-        "learning_rate": 0.000104019, "ent_coef": 7.52585e-08, "clip_range": 0.3,
-        "n_epochs": 5, "gae_lambda": 1.0, "max_grad_norm": 0.9, "vf_coef": 0.950368,
-    },
-    "Swimmer-v5": {"normalize": True, "gamma": 0.9999},
-    "Ant-v5": {"normalize": True},
-})
-SB3_DEFAULT_ROLLOUT = 2048
-"""SB3's default n_steps with the zoo's default single env: one update per 2048 steps."""
-MIN_STEPS_PER_ENV = 16
-"""Below this many steps per env and rollout, GAE would bootstrap nearly every step from
-the value function; the zoo's n_steps is kept then (a larger rollout, the same batches)."""
 
 
 @dataclass(frozen=True)
@@ -149,7 +115,6 @@ TASKS = {
     )
 }
 
-OURS, ROS, SB3 = "in-process", "via ROS", "SB3"
 """The three ways a task is trained, in table and plot order."""
 
 
@@ -219,67 +184,6 @@ def run_one(params_file: Path, seed: int, env_steps: int, marks: tuple[int, ...]
     return {"curve": curve, "wall_s": wall, "kl_max": max(kl_max, default=0.0),
             "best_iteration": best.iteration, "evaluations": evaluations,
             "frozen": frozen, "frozen_best": frozen_best}
-
-
-def sb3_settings(env_id: str, num_envs: int) -> tuple[dict[str, Any], bool, str]:
-    """SB3 PPO keyword arguments for ``num_envs`` envs, whether to use VecNormalize, and
-    where the values come from.
-
-    The zoo tunes with its own env count; we run the task's, and keep the zoo's rollout
-    size (n_envs x n_steps, the data per update) by rescaling n_steps, unless that leaves
-    fewer than MIN_STEPS_PER_ENV steps per env."""
-    zoo = dict(SB3_ZOO.get(env_id, {}))
-    source = f"rl-zoo {env_id}" if zoo else "SB3 defaults"
-    normalize = bool(zoo.pop("normalize", False))
-    zoo_steps = int(zoo.get("n_steps", SB3_DEFAULT_ROLLOUT))
-    rollout = int(zoo.pop("n_envs", 1)) * zoo_steps
-    per_env = rollout // num_envs
-    zoo["n_steps"] = per_env if per_env >= MIN_STEPS_PER_ENV else zoo_steps
-    return zoo, normalize, f"{source}, n_steps {zoo['n_steps']} x {num_envs} envs"
-
-
-def run_sb3(env_id: str, num_envs: int, max_episode_steps: int, seed: int,
-            env_steps: int) -> dict:
-    """Train SB3's PPO in this process; the rolling mean of the last 100 episode returns
-    (SB3's Monitor, ep_info_buffer) after each rollout, as (env_steps, mean) pairs."""
-    import numpy as np
-    import torch
-    from stable_baselines3 import PPO
-    from stable_baselines3.common.callbacks import BaseCallback
-    from stable_baselines3.common.env_util import make_vec_env
-    from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
-
-    # One thread: --jobs runs share few cores, and these small networks gain little more.
-    torch.set_num_threads(1)
-    kwargs, normalize, _source = sb3_settings(env_id, num_envs)
-    policy_kwargs = dict(kwargs.pop("policy_kwargs", {}))
-    if "activation_fn" in policy_kwargs:
-        policy_kwargs["activation_fn"] = getattr(torch.nn, policy_kwargs["activation_fn"])
-    env_kwargs = {"max_episode_steps": max_episode_steps} if max_episode_steps else None
-    env = make_vec_env(env_id, n_envs=num_envs, seed=seed, vec_env_cls=DummyVecEnv,
-                       env_kwargs=env_kwargs)
-    if normalize:
-        # As rl-zoo does: the return normalization discounts with the algorithm's gamma.
-        env = VecNormalize(env, gamma=kwargs.get("gamma", 0.99))
-    curve: list[tuple[int, float]] = []
-
-    class RollingReturn(BaseCallback):
-        def _on_step(self) -> bool:
-            return True
-
-        def _on_rollout_end(self) -> None:
-            returns = [info["r"] for info in self.model.ep_info_buffer]
-            curve.append((self.num_timesteps,
-                          float(np.mean(returns)) if returns else math.nan))
-
-    model = PPO("MlpPolicy", env, seed=seed, device="cpu", verbose=0,
-                policy_kwargs=policy_kwargs or None, **kwargs)
-    start = time.perf_counter()
-    model.learn(total_timesteps=env_steps, callback=RollingReturn())
-    wall = time.perf_counter() - start
-    env.close()
-    # SB3 logs only the mean KL of an update, not the per-mini-batch max ours reports.
-    return {"curve": curve, "wall_s": wall, "kl_max": math.nan, "best_iteration": None}
 
 
 def _child(args: argparse.Namespace) -> None:
@@ -369,183 +273,6 @@ def run_job(job: Job, config_dir: Path) -> dict:
     except Exception as error:  # reported on stderr and as "failed" in the table
         print(f"\n{error}", file=sys.stderr, flush=True)
         return {"error": str(error).splitlines()[0]}
-
-
-def summarize(task: Task, result: dict, marks: tuple[int, ...] | None = None) -> dict:
-    """The table's figures from one curve."""
-    curve = [(steps, value) for steps, value in result["curve"] if math.isfinite(value)]
-    values = [value for _, value in curve]
-
-    def at(mark: int) -> float:
-        reached = [value for steps, value in curve if steps >= mark]
-        return reached[0] if reached else math.nan
-
-    solved_at = next((i for i, value in enumerate(values) if value >= task.threshold), None)
-    worst_after = min(values[solved_at:]) if solved_at is not None else math.nan
-    held = [value for steps, value in curve if steps >= HOLD_FROM]
-    steps = result["curve"][-1][0] if result["curve"] else 0
-    # JSON from the child turned the marks into strings.
-    evaluations = {int(mark): value for mark, value in result.get("evaluations", {}).items()}
-    return {
-        "marks": {mark: at(mark) for mark in (marks or task.marks)},
-        "evaluations": evaluations,
-        "frozen": result.get("frozen"),
-        "frozen_best": result.get("frozen_best"),
-        "best_iteration": result.get("best_iteration"),
-        "best": max(values, default=math.nan),
-        "final": values[-1] if values else math.nan,
-        "worst_after_threshold": worst_after,
-        "worst_from_100k": min(held) if held else math.nan,
-        "solved_at_steps": curve[solved_at][0] if solved_at is not None else None,
-        "wall_s": result["wall_s"],
-        "steps_per_s": steps / max(result["wall_s"], 1e-9),
-        "kl_max": result["kl_max"],
-    }
-
-
-def print_table(task: Task, rows: dict[int, dict], title: str | None = None,
-                marks: tuple[int, ...] | None = None) -> None:
-    marks = marks or task.marks
-    header = " ".join(f"{f'@{mark // 1000}k':>8}" for mark in marks)
-    print(f"\n{title or task.name} (threshold {task.threshold:g}; rolling mean of 100 episodes)")
-    print(f"{'seed':>4} {header} {'best':>8} {'final':>8} {'worst>th':>9} {'solved@':>8} "
-          f"{'wall s':>7} {'steps/s':>8} {'kl max':>7}")
-    for seed, row in sorted(rows.items()):
-        if "error" in row:
-            print(f"{seed:>4} failed: {row['error']}")
-            continue
-        values = " ".join(f"{row['marks'][mark]:8.1f}" for mark in marks)
-        solved = f"{row['solved_at_steps'] // 1000}k" if row["solved_at_steps"] else "-"
-        print(f"{seed:>4} {values} {row['best']:8.1f} {row['final']:8.1f} "
-              f"{row['worst_after_threshold']:9.1f} {solved:>8} {row['wall_s']:7.0f} "
-              f"{row['steps_per_s']:8.0f} {row['kl_max']:7.3f}")
-    evaluated = {seed: row["evaluations"] for seed, row in sorted(rows.items())
-                 if row.get("evaluations")}
-    if evaluated:
-        print(f"deterministic policy, mean of {EVAL_EPISODES} evaluation episodes")
-        for seed, evaluations in evaluated.items():
-            values = " ".join(f"{evaluations.get(mark, math.nan):8.1f}" for mark in marks)
-            print(f"{seed:>4} {values}")
-    frozen = {seed: row["frozen"] for seed, row in sorted(rows.items()) if row.get("frozen")}
-    if frozen:
-        print("final policy frozen (sampled actions, no update): rolling means of 100 over "
-              "a stream of its episodes")
-        for seed, spread in frozen.items():
-            print(f"{seed:>4} {spread['min']:8.1f} .. {spread['max']:8.1f} over "
-                  f"{spread['episodes']:.0f} episodes; largest drop from a best window "
-                  f"{spread['drop']:.3f}")
-    paired = {seed: row for seed, row in sorted(rows.items()) if row.get("frozen_best")}
-    if paired:
-        print("final and kept best policy (best.safetensors) over the same stream of "
-              "episodes: mean returns, and (best - final) / |best|")
-        for seed, row in paired.items():
-            final, best = row["frozen"]["mean"], row["frozen_best"]["mean"]
-            print(f"{seed:>4} final {final:9.1f}, best (iteration {row['best_iteration']}) "
-                  f"{best:9.1f}: drop {relative_drop(best, final):.3f}")
-
-
-def lowest(values: list[float]) -> float:
-    """The minimum, or nan when there is nothing or a run did not measure it: a missing
-    seed must not make a target look met."""
-    if not values or any(math.isnan(value) for value in values):
-        return math.nan
-    return min(values)
-
-
-def largest(values: list[float]) -> float:
-    """The maximum, or nan when there is nothing or a run did not measure it."""
-    if not values or any(math.isnan(value) for value in values):
-        return math.nan
-    return max(values)
-
-
-def relative_drop(best: float, final: float) -> float:
-    """(best - final) / |best|: 0 when final is at best, > 0 when it lost some."""
-    return (best - final) / max(abs(best), 1e-9)
-
-
-def late_drop(rows: dict[int, dict]) -> float:
-    """The largest share of its best rolling mean a seed's final one lost (0: it ended at
-    its best; the no-late-drop target is at most 0.1); nan for a failed run."""
-    return largest([relative_drop(row["best"], row["final"]) if "error" not in row
-                    else math.nan for row in rows.values()])
-
-
-def frozen_drop(rows: dict[int, dict]) -> float:
-    """The largest late drop a frozen final policy showed over the seeds (nan: not
-    measured): the noise floor ``late_drop`` is read against."""
-    return largest([row["frozen"]["drop"] if row.get("frozen") else math.nan
-                    for row in rows.values()])
-
-
-def paired_drop(rows: dict[int, dict]) -> float:
-    """The largest drop over seeds from the kept best policy's mean return to the final
-    one's, both over the same frozen stream (nan: not measured)."""
-    return largest([relative_drop(row["frozen_best"]["mean"], row["frozen"]["mean"])
-                    if row.get("frozen_best") else math.nan for row in rows.values()])
-
-
-def mean(values: list[float]) -> float:
-    return sum(values) / len(values) if values else math.nan
-
-
-def column(rows: dict[int, dict], pick: str | int) -> list[float]:
-    """One figure of every seed (a mark when ``pick`` is an int); nan for a failed run."""
-    if isinstance(pick, int):
-        return [row["marks"].get(pick, math.nan) if "error" not in row else math.nan
-                for row in rows.values()]
-    return [row.get(pick, math.nan) for row in rows.values()]
-
-
-def plot_curves(path: Path, raw: dict[str, dict[str, dict[int, dict]]],
-                tasks: dict[str, Task]) -> Path:
-    """One panel per task: median and min-max range over seeds of each way's curve, the
-    seeds interpolated onto a common env-step grid (where every seed has a value)."""
-    import matplotlib
-    import numpy as np
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    names = [name for name in tasks if any(name in by_task for by_task in raw.values())]
-    fig, axes = plt.subplots(1, len(names), figsize=(6 * len(names), 4.5), squeeze=False)
-    colors = {OURS: "tab:blue", ROS: "tab:green", SB3: "tab:orange"}
-    for ax, name in zip(axes[0], names, strict=True):
-        task = tasks[name]
-        for kind, by_task in raw.items():
-            curves = [np.array([(s, v) for s, v in result["curve"] if math.isfinite(v)])
-                      for result in by_task.get(name, {}).values() if "error" not in result]
-            curves = [curve for curve in curves if len(curve) >= 2]
-            if not curves:
-                continue
-            grid = np.linspace(max(c[0, 0] for c in curves), min(c[-1, 0] for c in curves), 200)
-            ys = np.stack([np.interp(grid, c[:, 0], c[:, 1]) for c in curves])
-            ax.fill_between(grid, ys.min(axis=0), ys.max(axis=0), color=colors[kind], alpha=0.2)
-            ax.plot(grid, np.median(ys, axis=0), color=colors[kind],
-                    label=f"{kind}, median and range of {len(curves)} seeds")
-        ax.axhline(task.threshold, color="gray", linestyle="--", linewidth=1,
-                   label=f"threshold {task.threshold:g}")
-        ax.set_title(name)
-        ax.set_xlabel("env steps")
-        ax.set_ylabel("mean return (last 100 episodes)")
-        ax.grid(alpha=0.3)
-        ax.legend(loc="lower right", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
-
-
-def sb3_status() -> tuple[bool, str]:
-    """Whether SB3 imports here, and its version or why not. Asked of a child process so
-    that this one, which imports MLX, never loads torch beside it."""
-    done = subprocess.run(
-        [sys.executable, "-c", "import stable_baselines3; print(stable_baselines3.__version__)"],
-        capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        lines = done.stderr.strip().splitlines() or [f"exit code {done.returncode}"]
-        return False, f"{lines[-1]}; `make bench` installs it"
-    return True, done.stdout.strip()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -30,3 +30,22 @@ def context():
     rclpy.init(context=context)
     yield context
     rclpy.try_shutdown(context=context)
+
+
+@pytest.fixture
+def make_env(context, tmp_path):
+    """Builds trainers beside a hand-driven fake environment (trainer_harness.FakeEnv) and
+    closes them after the test."""
+    # Imported here: only the trainer tests pay for importing the trainer node.
+    from trainer_harness import FakeEnv
+
+    made = []
+
+    def make(**overrides) -> FakeEnv:
+        overrides.setdefault("checkpoint_dir", str(tmp_path / "checkpoints"))
+        made.append(FakeEnv(context, **overrides))
+        return made[-1]
+
+    yield make
+    for env in made:
+        env.close()

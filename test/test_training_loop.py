@@ -1,8 +1,9 @@
 """TrainingLoop without ROS: the trainer's decisions from arrays and times, step by step.
 
 Sizes are tiny (2 envs x obs 3 -> action 1, 4-step rollouts) so an update takes
-milliseconds. The rclpy tests (test_trainer_node.py) keep what only the wiring shows:
-message checks, clocks and timers, the update's pause and drain, services, parameters.
+milliseconds. The rclpy tests (test_trainer_node.py, test_trainer_controls.py) keep what
+only the wiring shows: message checks, clocks and timers, the update's pause and drain,
+services, parameters.
 """
 
 from __future__ import annotations
