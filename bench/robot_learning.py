@@ -3,7 +3,8 @@ trainer reading its robot spec, seeds 0-2, and the deployed policy on a fresh ro
 
     python bench/robot_learning.py                         # cartpole, seeds 0 1 2
     python bench/robot_learning.py --robot reacher --iterations 200 --seeds 0
-    python bench/robot_learning.py --robot cartpole --seeds 0 --deploy-only runs/.../best
+    python bench/robot_learning.py --robot cartpole --seeds 0 --no-in-process --reuse \
+        --out /tmp/robot_learning_cartpole         # deploy a finished training again
 
 Each seed starts ``mujoco_robot_node`` (``config/robots/<robot>.yaml`` at
 ``--real-time-factor``) and ``trainer_node`` (``config/robot_train/<robot>.yaml``) as two
@@ -11,8 +12,10 @@ processes on an isolated graph (localhost discovery, a domain id of the run's ow
 waits for the trainer's ``max_iterations``. Its metrics.csv gives the episode return
 (and length) against env steps and wall time at the marks, the best and the final mean.
 Then the best policy is deployed: ``policy_node`` with the trained bundle on a fresh robot
-process, which reports the return of every episode it runs (``~/status``), so the
-deployed mean return over ``--deploy-episodes`` compares with the training's best, and
+process at ``--deploy-real-time-factor`` (1, a real robot's pace, by default: a faster
+factor multiplies the wall latency measured in control periods), which reports the return
+of every episode it runs (``~/status``), so the deployed mean return over
+``--deploy-episodes`` compares with the training's best, and
 with the same policy replayed in process on the same episodes (the robot seeded as the
 deploy robot): that second gap is the deploy path's own, without the training's exploring
 actions or its other episodes in the way.
@@ -266,6 +269,8 @@ def main() -> None:
                         help="PPO iterations (0: the robot_train file's max_iterations)")
     parser.add_argument("--real-time-factor", type=float, default=4.0)
     parser.add_argument("--deploy-episodes", type=int, default=5)
+    parser.add_argument("--deploy-real-time-factor", type=float, default=1.0,
+                        help="the deploy robot's pace (1: a real robot's)")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--reuse", action="store_true",
                         help="take a seed's finished training from --out instead of training")
@@ -276,7 +281,7 @@ def main() -> None:
     args = parser.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix=f"robot_learning_{args.robot}_"))
     print(f"cpu: {cpu_model()}; robot {args.robot}, real_time_factor "
-          f"{args.real_time_factor}, output {out}")
+          f"{args.real_time_factor} (deploy {args.deploy_real_time_factor}), output {out}")
     finals, deployed, inproc_finals, inproc_distances = [], [], [], []
     iterations = args.iterations or _file_iterations(args.robot)
     for seed in args.seeds:
@@ -311,7 +316,7 @@ def main() -> None:
         policy = run / "best.safetensors"
         policy = policy if policy.is_file() else run / "latest.safetensors"
         deployed_run = deploy(args.robot, policy, args.deploy_episodes,
-                              args.real_time_factor, run, 80 + seed, timeout=600.0)
+                              args.deploy_real_time_factor, run, 80 + seed, timeout=900.0)
         episodes = deployed_run["returns"]
         mean = sum(episodes) / len(episodes) if episodes else math.nan
         print_distances(f"seed {seed}: deployed", site_distances(deployed_run["final_terms"]))

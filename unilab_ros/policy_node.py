@@ -139,7 +139,11 @@ class PolicyNode(LifecycleNode):
                                                   clock=self._steady)
 
     def _take_start_state(self) -> None:
+        # The EventsExecutor may have queued more of the zero-period timer's events by now.
+        if self._start_timer is None:
+            return
         self.destroy_timer(self._start_timer)
+        self._start_timer = None
         configured = self.trigger_configure() == TransitionCallbackReturn.SUCCESS
         if configured and self.cfg.start_state == "active":
             self.trigger_activate()
