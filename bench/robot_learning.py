@@ -204,8 +204,12 @@ def deploy(robot: str, policy: Path, episodes: int, rtf: float, out: Path, domai
                 os.environ[key] = value
         stop(node)
         stop(sim)
+    # Kept beside the run: a deployed return off its replay is read against these counts.
+    (out / "deploy_status.json").write_text(json.dumps(status, indent=1))
     return {"returns": status.get("episode_returns", [])[:episodes],
-            "final_terms": status.get("episode_final_terms", [])[:episodes]}
+            "final_terms": status.get("episode_final_terms", [])[:episodes],
+            "counters": {key: value for key, value in status.items()
+                         if isinstance(value, int) and not isinstance(value, bool)}}
 
 
 def replay_in_process(robot: str, policy: Path, episodes: int
@@ -327,6 +331,8 @@ def main() -> None:
               f"episodes, mean return {mean:.2f} (training best {best:.2f}, "
               f"{100 * (mean - best) / abs(best):+.1f}%; the same episodes in process "
               f"{replayed:.2f}, {100 * (mean - replayed) / abs(replayed):+.1f}%)")
+        print(f"seed {seed}: deploy counters " + " ".join(
+            f"{key} {value}" for key, value in sorted(deployed_run["counters"].items())))
     worst = max(abs(m - b) / abs(b) for m, b, _ in deployed) if deployed else math.nan
     worst_replay = (max(abs(m - r) / abs(r) for m, _, r in deployed) if deployed
                     else math.nan)
