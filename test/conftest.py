@@ -49,3 +49,28 @@ def make_env(context, tmp_path):
     yield make
     for env in made:
         env.close()
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """(path, model) of the policy node tests' exported policy (policy_harness)."""
+    from policy_harness import export_test_policy
+
+    return export_test_policy(tmp_path_factory.mktemp("policy"))
+
+
+@pytest.fixture
+def make_harness(context):
+    """Builds policy node harnesses (policy_harness.Harness) and closes them after the
+    test."""
+    from policy_harness import Harness
+
+    made = []
+
+    def make(checkpoint, **options) -> Harness:
+        made.append(Harness(context, checkpoint, **options))
+        return made[-1]
+
+    yield make
+    for harness in made:
+        harness.close()
