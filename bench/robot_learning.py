@@ -164,6 +164,10 @@ class _Operator(Node):
         self.status = json.loads(msg.data)
 
 
+# Integers in the deploy node's status that are a state, not a count of events.
+NOT_COUNTERS = frozenset({"episode_step"})
+
+
 def deploy(robot: str, policy: Path, episodes: int, rtf: float, out: Path, domain: int,
            timeout: float) -> dict[str, list]:
     """The deployed policy's episode returns on a fresh robot process (the robot reset
@@ -209,7 +213,8 @@ def deploy(robot: str, policy: Path, episodes: int, rtf: float, out: Path, domai
     return {"returns": status.get("episode_returns", [])[:episodes],
             "final_terms": status.get("episode_final_terms", [])[:episodes],
             "counters": {key: value for key, value in status.items()
-                         if isinstance(value, int) and not isinstance(value, bool)}}
+                         if isinstance(value, int) and not isinstance(value, bool)
+                         and key not in NOT_COUNTERS}}
 
 
 def replay_in_process(robot: str, policy: Path, episodes: int

@@ -9,7 +9,9 @@ when a new robot2 bridge starts. Bounded: the whole run stops after TIMEOUT_S.
 
 from __future__ import annotations
 
+import math
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -30,6 +32,8 @@ TIMEOUT_S = 150.0
 runs take 10-30 s; DDS took up to 46 s to match a restarted bridge here (README)."""
 RANDOM_RETURN = -1250.0
 """A random policy's mean Pendulum return: the fleet must learn past it."""
+LEARNED_RETURN = RANDOM_RETURN + 100.0
+RETURN = re.compile(r"\[unilab_trainer\]: iter .*\| return\s+(-?[0-9.]+) \|")
 
 
 class Process:
@@ -79,6 +83,15 @@ def _metrics(output: Path) -> dict[str, list[float]]:
     return read_metrics(path) if path.is_file() else {}
 
 
+def latest_return(trainer: Process) -> float:
+    """The mean return on the trainer's last progress line (-inf before any episode)."""
+    for line in reversed(trainer.lines):
+        match = RETURN.search(line)
+        if match:
+            return float(match.group(1))
+    return -math.inf
+
+
 def _wait(
     predicate, deadline: float, what: str, trainer: Process, robot: Process | None = None
 ) -> None:
@@ -122,6 +135,10 @@ def test_three_robots_train_and_one_is_killed_and_comes_back(tmp_path):
         rejoined_at = iterations()
         _wait(lambda: iterations() >= rejoined_at + 2, deadline,
               "iterations after robot2 came back", trainer)
+        # How many iterations the faults leave before here is the machine's timing (8-14
+        # seen): the run goes on until the fleet's return has moved past a random policy's.
+        _wait(lambda: latest_return(trainer) > LEARNED_RETURN, deadline,
+              f"a mean return over {LEARNED_RETURN:.0f}", trainer)
     finally:
         trainer.stop()
         for bridge in [*bridges.values(), restarted]:
@@ -138,4 +155,4 @@ def test_three_robots_train_and_one_is_killed_and_comes_back(tmp_path):
     # Every iteration learned from a full rollout of steps that were taken.
     steps = metrics["env_steps"]
     assert steps == [3072.0 * (i + 1) for i in range(len(steps))]
-    assert metrics["mean_return"][-1] > RANDOM_RETURN + 100.0, metrics["mean_return"]
+    assert metrics["mean_return"][-1] > LEARNED_RETURN, metrics["mean_return"]

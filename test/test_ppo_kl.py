@@ -197,11 +197,16 @@ def test_fixed_schedule_keeps_the_rate():
         "learning_rate"]
 
 
-@pytest.mark.parametrize("enable_compile", [True, False])
-def test_target_kl_stop_on_the_first_mini_batch_changes_nothing(enable_compile):
+def kl_stop_trainer(enable_compile: bool) -> tuple:
+    """A fresh model and a trainer that stops an update's epochs at a KL of 0.05."""
     model = make_model()
     cfg = ppo_config(num_learning_epochs=4, target_kl_stop=0.05)
-    trainer = make_trainer(model, cfg, enable_compile=enable_compile)
+    return model, make_trainer(model, cfg, enable_compile=enable_compile)
+
+
+@pytest.mark.parametrize("enable_compile", [True, False])
+def test_target_kl_stop_on_the_first_mini_batch_changes_nothing(enable_compile):
+    model, trainer = kl_stop_trainer(enable_compile)
     before = state_copy(trainer)
     metrics = trainer.update(filled_buffer(model, old_mean_offset=1.0))
     assert metrics["early_stopped_kl"] == 1.0
@@ -213,9 +218,7 @@ def test_target_kl_stop_on_the_first_mini_batch_changes_nothing(enable_compile):
 
 @pytest.mark.parametrize("enable_compile", [True, False])
 def test_target_kl_stop_drops_the_step_over_the_target_and_ends_the_epochs(enable_compile):
-    model = make_model()
-    cfg = ppo_config(num_learning_epochs=4, target_kl_stop=0.05)
-    trainer = make_trainer(model, cfg, enable_compile=enable_compile)
+    model, trainer = kl_stop_trainer(enable_compile)
     buffer = filled_buffer(model)
     seen: list = []
     steer_kls(buffer, trainer, [0.001, 0.002, 0.2] + [0.001] * 13, seen)
