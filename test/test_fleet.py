@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import signal
 import subprocess
 import threading
@@ -33,7 +32,6 @@ runs take 10-30 s; DDS took up to 46 s to match a restarted bridge here (README)
 RANDOM_RETURN = -1250.0
 """A random policy's mean Pendulum return: the fleet must learn past it."""
 LEARNED_RETURN = RANDOM_RETURN + 100.0
-RETURN = re.compile(r"\[unilab_trainer\]: iter .*\| return\s+(-?[0-9.]+) \|")
 
 
 class Process:
@@ -83,13 +81,10 @@ def _metrics(output: Path) -> dict[str, list[float]]:
     return read_metrics(path) if path.is_file() else {}
 
 
-def latest_return(trainer: Process) -> float:
-    """The mean return on the trainer's last progress line (-inf before any episode)."""
-    for line in reversed(trainer.lines):
-        match = RETURN.search(line)
-        if match:
-            return float(match.group(1))
-    return -math.inf
+def latest_return(output: Path) -> float:
+    """The mean return of the last iteration in metrics.csv (-inf before there is one)."""
+    returns = _metrics(output).get("mean_return", [])
+    return returns[-1] if returns and math.isfinite(returns[-1]) else -math.inf
 
 
 def _wait(
@@ -137,7 +132,7 @@ def test_three_robots_train_and_one_is_killed_and_comes_back(tmp_path):
               "iterations after robot2 came back", trainer)
         # How many iterations the faults leave before here is the machine's timing (8-14
         # seen): the run goes on until the fleet's return has moved past a random policy's.
-        _wait(lambda: latest_return(trainer) > LEARNED_RETURN, deadline,
+        _wait(lambda: latest_return(output) > LEARNED_RETURN, deadline,
               f"a mean return over {LEARNED_RETURN:.0f}", trainer)
     finally:
         trainer.stop()
