@@ -3,6 +3,7 @@
 
     python bench/control_loop.py                   # 50 and 200 Hz, 20 s each
     python bench/control_loop.py --rates 200 --seconds 60
+    python bench/control_loop.py --spin-margins 0.001 0.0005 0
 
 Jitter: ``trainer_node`` runs as a process of its own on an isolated graph (localhost
 discovery, a domain id of the run's own) with the quadruped's spec (joint states, IMU and
@@ -11,7 +12,10 @@ a [512, 256, 128] actor-critic; this process plays the robot, publishing all thr
 sources at twice the control rate (stamped) and answering the reset service. The
 trainer's ``~/status`` reports |period - 1/rate| over its last 2,000 control periods
 (``RobotLink``'s ``PeriodJitter``): p50, p99 and max. Rollouts are long enough that no
-update falls in the measurement (an update holds the robot by design).
+update falls in the measurement (an update holds the robot by design). The trainer runs
+once per ``control_spin_margin`` given (default: the shipped value and 0, off): how long a
+tick waits, spinning, after its timer's scheduled time; its ``timer_wake`` status says how
+late the timer woke (p50, p99), which is what the margin has to cover.
 
 The floor, measured in the same run: a bare node beside the same robot (subscribed to the
 same three sources with callbacks that do nothing, a timer at the rate on the same
@@ -24,8 +28,9 @@ Assembly: ``RobotSteps.tick`` on the quadruped spec, in process: building the ob
 the reward and the termination of one step from the newest samples, per step (us), and
 ``ObservationBuilder.build_from`` alone.
 
-Prints the CPU model; the last line is ``control_loop p99_ms_50hz=<x> floor_p99_ms_50hz=<x>
-p99_ms_200hz=<x> floor_p99_ms_200hz=<x> tick_us=<x> observation_us=<x>`` (medians).
+Prints the CPU model; the last line is ``control_loop p99_ms_50hz_margin_<m>ms=<x> ...
+floor_p99_ms_50hz=<x> p99_ms_200hz_margin_<m>ms=<x> ... floor_p99_ms_200hz=<x> tick_us=<x>
+observation_us=<x>`` (medians; one figure per margin).
 """
 
 from __future__ import annotations
@@ -54,6 +59,7 @@ from unilab_ros.robot.spec import load_spec, spec_to_dict
 from unilab_ros.robot.steps import RobotSteps
 from unilab_ros.robot.terms import TermContext
 from unilab_ros.sim_train import die_with_parent, isolated_ros_env, node_command, stop
+from unilab_ros.trainer_config import TrainerNodeConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
@@ -140,13 +146,15 @@ def _with_robot(command: list[str], log: Path, joints: list[str], rate: float, d
         stop(process)
 
 
-def jitter(rate: float, seconds: float, out: Path, domain: int) -> dict:
-    """The trainer's period jitter at ``rate`` Hz (its ~/status figures)."""
+def jitter(rate: float, seconds: float, out: Path, domain: int, margin: float) -> dict:
+    """The trainer's period jitter at ``rate`` Hz with ``control_spin_margin`` ``margin``
+    (its ~/status figures)."""
     spec_path, joints = _spec_file(rate, out)
-    params = out / f"trainer_{rate:g}.yaml"
+    params = out / f"trainer_{rate:g}_{margin:g}.yaml"
     params.write_text(yaml.safe_dump({"/**/unilab_trainer": {"ros__parameters": {
         "robot_spec": str(spec_path), "num_steps": int(rate * (seconds + 60)),
-        "checkpoint_dir": str(out / f"run_{rate:g}"), "tensorboard": False,
+        "control_spin_margin": margin,
+        "checkpoint_dir": str(out / f"run_{rate:g}_{margin:g}"), "tensorboard": False,
         "model": {"actor_hidden_dims": [512, 256, 128], "critic_hidden_dims": [512, 256, 128]},
     }}}))
 
@@ -159,11 +167,12 @@ def jitter(rate: float, seconds: float, out: Path, domain: int) -> dict:
         link = status.get("robots", {}).get("quadruped", {})
         if status.get("iteration", 0) or not link:
             raise RuntimeError(f"{rate} Hz: an update ran or no status ({status})")
-        return {**link["period_jitter"], "steps": status.get("env_steps", 0) - started,
+        return {**link["period_jitter"], **link["timer_wake"],
+                "steps": status.get("env_steps", 0) - started,
                 "dropped": link.get("steps_dropped"), "stale": link.get("stale_ticks")}
 
     return _with_robot(node_command("unilab_ros.trainer", params, {}),
-                       out / f"trainer_{rate:g}.log", joints, rate, domain, measure)
+                       out / f"trainer_{rate:g}_{margin:g}.log", joints, rate, domain, measure)
 
 
 def floor(rate: float, seconds: float, out: Path, domain: int) -> dict:
@@ -251,6 +260,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--trials", type=int, default=3,
                         help="runs of the trainer and of the bare node per rate, alternated")
+    parser.add_argument("--spin-margins", type=float, nargs="+",
+                        default=[TrainerNodeConfig.control_spin_margin, 0.0],
+                        help="the trainer's control_spin_margin (s), a run set each")
     parser.add_argument("--repeats", type=int, default=20_000)
     parser.add_argument("--bare", type=float, nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -265,24 +277,36 @@ def main() -> None:
     figures = {}
     domains = iter(range(40, 90))
     for rate in args.rates:
-        ours, bare = [], []
+        ours: dict[float, list[dict]] = {margin: [] for margin in args.spin_margins}
+        bare = []
         for _ in range(args.trials):
-            ours.append(jitter(rate, args.seconds, out, next(domains)))
+            for margin, runs in ours.items():
+                runs.append(jitter(rate, args.seconds, out, next(domains), margin))
             bare.append(floor(rate, args.seconds, out, next(domains)))
-        for name, runs in (("trainer, [512, 256, 128]", ours), ("bare node (floor)", bare)):
-            p99 = [run["p99_ms"] for run in runs]
-            print(f"{rate:g} Hz, {name}: period jitter p99 {_range(p99)} ms, p50 "
-                  f"{_range([run['p50_ms'] for run in runs])} ms, max "
-                  f"{_range([run['max_ms'] for run in runs])} ms over the last 2,000 periods "
-                  f"(median, min-max of {len(runs)} runs)"
-                  + (f"; {sum(run['steps'] for run in runs)} steps, dropped "
-                     f"{sum(run['dropped'] or 0 for run in runs)}, stale ticks "
-                     f"{sum(run['stale'] or 0 for run in runs)}" if runs is ours else ""))
-        figures[rate] = (float(np.median([r["p99_ms"] for r in ours])),
+        for margin, runs in ours.items():
+            print(f"{rate:g} Hz, trainer, [512, 256, 128], control_spin_margin "
+                  f"{margin * 1e3:g} ms: {_summary(runs)}; timer woke late by p50 "
+                  f"{_range([run['late_p50_ms'] for run in runs])} ms, p99 "
+                  f"{_range([run['late_p99_ms'] for run in runs])} ms; "
+                  f"{sum(run['steps'] for run in runs)} steps, dropped "
+                  f"{sum(run['dropped'] or 0 for run in runs)}, stale ticks "
+                  f"{sum(run['stale'] or 0 for run in runs)}")
+        print(f"{rate:g} Hz, bare node (floor): {_summary(bare)}")
+        figures[rate] = ({margin: float(np.median([r["p99_ms"] for r in runs]))
+                          for margin, runs in ours.items()},
                          float(np.median([r["p99_ms"] for r in bare])))
-    line = " ".join(f"p99_ms_{rate:g}hz={ours:.3f} floor_p99_ms_{rate:g}hz={bare:.3f}"
-                    for rate, (ours, bare) in figures.items())
+    line = " ".join(
+        " ".join(f"p99_ms_{rate:g}hz_margin_{margin * 1e3:g}ms={p99:.3f}"
+                 for margin, p99 in ours.items()) + f" floor_p99_ms_{rate:g}hz={bare:.3f}"
+        for rate, (ours, bare) in figures.items())
     print(f"control_loop {line} tick_us={tick_us:.1f} observation_us={obs_us:.1f}")
+
+
+def _summary(runs: list[dict]) -> str:
+    return (f"period jitter p99 {_range([run['p99_ms'] for run in runs])} ms, p50 "
+            f"{_range([run['p50_ms'] for run in runs])} ms, max "
+            f"{_range([run['max_ms'] for run in runs])} ms over the last 2,000 periods "
+            f"(median, min-max of {len(runs)} runs)")
 
 
 def _range(values: list[float]) -> str:

@@ -167,6 +167,9 @@ def test_the_trainer_acts_by_joint_name_resets_the_robot_and_updates(
     assert rig.spin_until(lambda: 0.0 <= link()["ages"]["joints"] < 0.1, 3.0), link()["ages"]
     assert link()["reset_calls"] >= 2 and link()["joint_error"] == ""
     assert link()["period_jitter"]["p50_ms"] is not None
+    # On the wall clock each tick waits to the spin margin after its timer's schedule.
+    wake = link()["timer_wake"]
+    assert wake["margin_ms"] == 1.0 and wake["late_p50_ms"] >= 0.0
     # The trained policy carries the spec: checkpoints and bundles.
     path = rig.node.artifacts.export_bundle("test")
     bundle = load_bundle(path)

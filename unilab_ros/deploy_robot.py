@@ -41,7 +41,7 @@ class DeployedRobot:
     def __init__(
         self, node: LifecycleNode, spec: RobotSpec, qos: QoSProfile, sampler: PolicySampler,
         seed: int, actions: ActionMapper, guard: ActionGuard, reset_between_episodes: bool,
-        service_timeout: float, active: Callable[[], bool],
+        service_timeout: float, spin_margin: float, active: Callable[[], bool],
         publish: Callable[[np.ndarray], None],
     ) -> None:
         self._node, self._sampler, self._actions, self._guard = node, sampler, actions, guard
@@ -49,7 +49,8 @@ class DeployedRobot:
         self._active, self._publish = active, publish
         self.steps = RobotSteps(spec, np.random.default_rng(seed))
         self.output = JointCommandOutput(node, spec, qos, spec.actions.topic)
-        self.link = RobotLink(node, spec, self.steps, "", qos, self._tick, service_timeout)
+        self.link = RobotLink(node, spec, self.steps, "", qos, self._tick, service_timeout,
+                              spin_margin)
         self.deterministic = True
         self.estopped = False
         self.on_tick: Callable[[], None] = lambda: None

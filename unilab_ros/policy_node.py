@@ -76,6 +76,11 @@ class PolicyNodeConfig:
     at once and a failure holds the safe action until the next activation."""
     service_timeout: float = 2.0
     """Seconds to wait for the spec's reset service before calling it again."""
+    control_spin_margin: float = 0.001
+    """A robot spec's control loop on the wall clock: each tick waits, spinning, until this
+    many seconds after its timer's scheduled time, so a timer the scheduler wakes up to
+    this late still ticks on the period (~/status timer_wake says how late it wakes). Costs
+    this x control_rate of a core; 0: off. Under use_sim_time the ticks follow /clock."""
     start_state: str = "unconfigured"
     """The lifecycle state the node takes itself to once started: unconfigured (a lifecycle
     manager or an operator drives it), inactive (configured) or active (configured, then
@@ -88,6 +93,8 @@ class PolicyNodeConfig:
             raise ValueError("num_envs and qos_depth must be positive")
         if not self.observation_limit > 0.0:
             raise ValueError("observation_limit must be positive")
+        if not 0.0 <= self.control_spin_margin <= 0.01:
+            raise ValueError("control_spin_margin must be in 0..0.01 s")
         if self.qos_reliability not in RELIABILITIES:
             raise ValueError(f"qos_reliability must be one of {sorted(RELIABILITIES)}")
         if self.start_state not in START_STATES:
@@ -166,7 +173,7 @@ class PolicyNode(LifecycleNode):
             self.robot = DeployedRobot(
                 self, spec, self._qos, self.sampler, bundle.seed, self.actions, self.guard,
                 self.cfg.reset_between_episodes, self.cfg.service_timeout,
-                lambda: self.state == "active", self._publish)
+                self.cfg.control_spin_margin, lambda: self.state == "active", self._publish)
             self.robot.on_tick = lambda: self.watchdog.observed(time.monotonic())
             self.robot.deterministic = self.cfg.deterministic
             self._action_out = self.robot.output

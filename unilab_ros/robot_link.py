@@ -8,6 +8,11 @@ owner, resets the robot after an episode (the spec's reset service, or the opera
 Housekeeping handed to ``in_slack`` (the ~1 ms ``~/status``) runs right after a tick, in
 the period's slack, so it never delays the next tick: a callback of its own timer would
 land on a tick about once a second and be the loop's p99 jitter at 200 Hz.
+On the wall clock each tick may wait, spinning, until ``spin_margin`` after its timer's
+scheduled time (``ScheduleSpin``): the scheduler wakes a timer a little late, by a varying
+amount with a tail past 1 ms on a busy machine, and a tick that waits to a fixed offset
+from the schedule takes the timer's lateness out of the period whenever it is under the
+margin.
 ``JointCommandOutput`` publishes the loop's commands (policy units) as the spec's joint
 commands. The step logic itself is ``robot.steps.RobotSteps``, ROS-free.
 """
@@ -103,6 +108,44 @@ class PeriodJitter:
                 "max_ms": round(float(errors.max()), 4)}
 
 
+class ScheduleSpin:
+    """Holds a timer's callback, busy-waiting, until ``margin`` s after the timer's scheduled
+    time, and records how late the timer woke (its scheduled time is one period before the
+    next call rcl has already set, so no anchor of its own can drift). The margin is at
+    most half the period: the rest of the period is the tick's."""
+
+    def __init__(self, period: float, margin: float,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self.period = period
+        self.margin = min(margin, 0.5 * period)
+        self._clock = clock
+        self._late: deque[float] = deque(maxlen=JITTER_WINDOW)
+
+    def wait(self, until_next_call: float) -> None:
+        """``until_next_call``: seconds from now to the timer's next scheduled call."""
+        late = self.period - until_next_call
+        if late < 0.0:
+            # Not a wake-up of this schedule (the timer was reset or the clock jumped).
+            return
+        self._late.append(late)
+        if late < self.margin:
+            # Sleeping would hand the wake-up back to the scheduler, whose lateness this
+            # removes; the busy wait costs margin x rate of a core.
+            end = self._clock() + self.margin - late
+            while self._clock() < end:
+                pass
+
+    def summary(self) -> dict[str, float | None]:
+        """The margin and how late the timer woke, p50 and p99 in ms (None before a tick):
+        a margin above the p99 lateness keeps the period's p99 jitter near zero."""
+        if not self._late:
+            return {"margin_ms": self.margin * 1e3, "late_p50_ms": None, "late_p99_ms": None}
+        late = np.fromiter(self._late, float) * 1e3
+        p50, p99 = np.percentile(late, [50, 99])
+        return {"margin_ms": self.margin * 1e3, "late_p50_ms": round(float(p50), 4),
+                "late_p99_ms": round(float(p99), 4)}
+
+
 class RobotLink:
     """One spec robot's sources, control timer and reset, under namespace ``prefix``.
 
@@ -112,12 +155,14 @@ class RobotLink:
     def __init__(
         self, node: Node, spec: RobotSpec, steps: RobotSteps, prefix: str, qos: QoSProfile,
         on_tick: Callable[[float], None], service_timeout: float = 2.0,
+        spin_margin: float = 0.0,
     ) -> None:
         self.node = node
         self.spec = spec
         self.steps = steps
         self.counters = Counters(LINK_COUNTERS)
         self.jitter = PeriodJitter(spec.dt)
+        self.spin = ScheduleSpin(spec.dt, spin_margin)
         self._on_tick = on_tick
         self._service_timeout = service_timeout
         self.joint_error = ""
@@ -155,6 +200,9 @@ class RobotLink:
     def _tick(self) -> None:
         if not self.node.context.ok():
             return
+        # Sim time advances by /clock messages this thread delivers: nothing to wait for.
+        if not self.node.get_clock().ros_time_is_active:
+            self.spin.wait(self.timer.time_until_next_call() * 1e-9)
         now = self.now()
         self.jitter.tick(now)
         self._on_tick(now)
@@ -259,6 +307,7 @@ class RobotLink:
             "needs_reset": self.steps.needs_reset,
             "episode_step": self.steps.episode_step,
             "period_jitter": self.jitter.summary(),
+            "timer_wake": self.spin.summary(),
             "joint_error": self.joint_error,
             **self.steps.counters, **self.counters,
         }

@@ -69,6 +69,12 @@ class TrainerNodeConfig:
     robot_specs). Its sources replace the topic contract; obs_dim, action_dim and the
     action mapping come from it. Empty: the topic contract."""
 
+    control_spin_margin: float = 0.001
+    """A robot spec's control loop on the wall clock: each tick waits, spinning, until this
+    many seconds after its timer's scheduled time, so a timer the scheduler wakes up to
+    this late still ticks on the period (~/status timer_wake says how late it wakes). Costs
+    this x control_rate of a core; 0: off. Under use_sim_time the ticks follow /clock."""
+
     wait_report_period: float = 5.0
     """Seconds between the log lines that say, while no observation has come yet, which
     topics the trainer waits on."""
@@ -78,6 +84,8 @@ class TrainerNodeConfig:
             raise ValueError("wait_report_period must be positive")
         if self.service_timeout <= 0.0:
             raise ValueError("service_timeout must be positive")
+        if not 0.0 <= self.control_spin_margin <= 0.01:
+            raise ValueError("control_spin_margin must be in 0..0.01 s")
         if self.pause_service_type not in PAUSE_SERVICE_TYPES:
             raise ValueError(f"pause_service_type must be one of {PAUSE_SERVICE_TYPES}")
         if not 1 <= self.best_min_episodes <= 100:

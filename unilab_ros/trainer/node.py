@@ -180,7 +180,8 @@ class TrainerNode(Node):
         limits = (self.cfg.observation_limit, self.cfg.reward_limit)
         if self.spec is not None:
             robot = SpecRobot(self, self.loop, r, self.spec, prefix, qos, self._carry_out,
-                              self._publish_safe_action, self.cfg.service_timeout)
+                              self._publish_safe_action, self.cfg.service_timeout,
+                              self.cfg.control_spin_margin)
             messages, output = robot, robot.output
         else:
             messages = RobotInput(self, self.loop, r, prefix, arrival_ordered, qos, limits,

@@ -56,7 +56,7 @@ class SpecRobot:
     def __init__(
         self, node: Node, loop: TrainingLoop, r: int, spec: RobotSpec, prefix: str,
         qos: QoSProfile, carry_out: Callable[[list[Decision]], None],
-        publish_safe: Callable[[int], None], service_timeout: float,
+        publish_safe: Callable[[int], None], service_timeout: float, spin_margin: float,
     ) -> None:
         steps = loop.robots[r].source
         if not isinstance(steps, RobotSteps):
@@ -65,7 +65,8 @@ class SpecRobot:
         self._carry_out, self._publish_safe = carry_out, publish_safe
         self.steps = steps
         self.output = JointCommandOutput(node, spec, qos, prefix + spec.actions.topic)
-        self.link = RobotLink(node, spec, steps, prefix, qos, self._tick, service_timeout)
+        self.link = RobotLink(node, spec, steps, prefix, qos, self._tick, service_timeout,
+                              spin_margin)
 
     @property
     def subscriptions(self) -> list:
