@@ -293,6 +293,9 @@ def test_the_deployed_policy_builds_the_spec_observation_and_commands_joints(
     values = np.concatenate(robot.commands)
     assert np.all(np.abs(values) <= 1.0)
     assert node.robot.steps.observation.dim == 3
+    # The deploy node's loop waits to the same spin margin on the wall clock.
+    assert rig.status["robot"]["timer_wake"]["margin_ms"] == 1.0
+    assert rig.status["robot"]["timer_wake"]["late_p50_ms"] >= 0.0
 
 
 def test_deploy_refuses_a_robot_whose_joints_do_not_match(context, tiny_bundle, rig_factory):
