@@ -80,6 +80,14 @@ class JointCommandOutput(CommandPublisher):
         self._publisher.publish(command_message(self.spec, self.joints(command)))
 
 
+def _ms_figures(seconds: deque[float]) -> dict[str, float]:
+    """p50, p99 and max of ``seconds`` in ms, rounded for ~/status."""
+    values = np.fromiter(seconds, float) * 1e3
+    p50, p99 = np.percentile(values, [50, 99])
+    return {"p50": round(float(p50), 4), "p99": round(float(p99), 4),
+            "max": round(float(values.max()), 4)}
+
+
 class PeriodJitter:
     """How far each control period on the node clock lies from the spec's."""
 
@@ -102,10 +110,7 @@ class PeriodJitter:
         """p50, p99 and max of |period - spec period| in ms (None before two ticks)."""
         if not self._errors:
             return {"p50_ms": None, "p99_ms": None, "max_ms": None}
-        errors = np.fromiter(self._errors, float) * 1e3
-        p50, p99 = np.percentile(errors, [50, 99])
-        return {"p50_ms": round(float(p50), 4), "p99_ms": round(float(p99), 4),
-                "max_ms": round(float(errors.max()), 4)}
+        return {f"{name}_ms": value for name, value in _ms_figures(self._errors).items()}
 
 
 class ScheduleSpin:
@@ -140,10 +145,9 @@ class ScheduleSpin:
         a margin above the p99 lateness keeps the period's p99 jitter near zero."""
         if not self._late:
             return {"margin_ms": self.margin * 1e3, "late_p50_ms": None, "late_p99_ms": None}
-        late = np.fromiter(self._late, float) * 1e3
-        p50, p99 = np.percentile(late, [50, 99])
-        return {"margin_ms": self.margin * 1e3, "late_p50_ms": round(float(p50), 4),
-                "late_p99_ms": round(float(p99), 4)}
+        figures = _ms_figures(self._late)
+        return {"margin_ms": self.margin * 1e3, "late_p50_ms": figures["p50"],
+                "late_p99_ms": figures["p99"]}
 
 
 class RobotLink:
