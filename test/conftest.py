@@ -9,6 +9,11 @@ import os
 import pytest
 import rclpy
 
+# Full float32 matmuls, whatever the caller's environment: the numerical tests compare to
+# 1e-5, which TF32 (MLX's default on CUDA and Apple M5) misses. MLX reads it once, at its
+# first matmul, so it is set before anything imports mlx (as MLX's own test harness does).
+os.environ["MLX_ENABLE_TF32"] = "0"
+
 # Before any test module imports mlx: the core loads the optimized BLAS ahead of it.
 import unilab_ros.rl  # noqa: F401
 

@@ -66,6 +66,8 @@ def test_main_starts_from_the_yaml_and_exits_0_on_sigint(
         ready = [line for line in lines if "ready:" in line]
         assert ready, "".join(lines)
         assert sizes in ready[0]
+        # What computes the policy, said at start: device, backend, matmul precision.
+        assert "on Device(cpu, 0) (cpu), float32" in ready[0]
         process.send_signal(signal.SIGINT)
         assert process.wait(timeout=5.0) == 0, "".join(lines)
     assert "Traceback" not in "".join(lines)

@@ -22,9 +22,9 @@ from unilab_ros.loop.decisions import BeginUpdate, PublishAction
 from unilab_ros.paths import config_file
 from unilab_ros.rl.agent import PPOAgent
 from unilab_ros.rl.best import BestPolicy
-from unilab_ros.rl.blas import blas_description
 from unilab_ros.rl.episodes import EpisodeStats
 from unilab_ros.rl.finetune import FineTuneConfig
+from unilab_ros.rl.precision import compute_description
 from unilab_ros.rl.setup_file import TrainingSetup, load_setup
 from unilab_ros.trainer.session import SessionConfig, build_session
 
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> None:
     setup = load_setup(args.params_file or config_file("pendulum.yaml"))
     setup.agent.seed = args.seed
     iterations = args.iterations or setup.max_iterations or 75
-    print(f"{setup.env_id}, seed {args.seed}; BLAS: {blas_description()}", flush=True)
+    print(f"{setup.env_id}, seed {args.seed}; {compute_description()}", flush=True)
     start = time.perf_counter()
     best = BestPolicy()
 

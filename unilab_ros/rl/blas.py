@@ -5,10 +5,11 @@ OpenBLAS. MLX resolves ``cblas_sgemm`` through the dynamic linker, so a library
 loaded earlier with RTLD_GLOBAL wins. ``UNILAB_BLAS`` names a library to load
 instead of the search, or ``none`` to keep MLX's own.
 
-OpenBLAS picks its kernels by CPU model unless ``OPENBLAS_CORETYPE`` names them; the
-kernel set it runs is reported with the library, since it decides the matmul speed (a
-release older than the CPU falls back to older kernels: Debian 12's 0.3.21 runs AVX-512
-CPUs it does not know, such as AMD Zen 5, on its AVX2 "Haswell" kernels).
+OpenBLAS picks its kernels by CPU model unless ``OPENBLAS_CORETYPE`` names them; a release
+older than the CPU falls back to older kernels, so ``blas_kernels`` checks its choice
+against the CPU's flags before the library loads and forces a better set that computes
+exactly. The kernel set it runs, and why, is reported with the library, since it decides
+the matmul speed.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import ctypes.util
 import logging
 import os
 import sys
+
+from unilab_ros.rl.blas_kernels import KernelChoice, choose_kernels
 
 _LOG = logging.getLogger(__name__)
 
@@ -32,6 +35,8 @@ loaded_blas: str | None = None
 """Path of the BLAS loaded for MLX, or None when MLX uses the one it links."""
 core_name: str | None = None
 """The kernel set OpenBLAS runs (e.g. "SkylakeX", "Haswell"), when it says."""
+kernel_choice: KernelChoice | None = None
+"""How the kernel set was chosen, for OpenBLAS loaded from its usual places."""
 
 
 def _try_load(path: str) -> bool:
@@ -62,10 +67,21 @@ def load_optimized_blas() -> str | None:
     found = ctypes.util.find_library("openblas")
     candidates = [requested] if requested else [*_CANDIDATES, *([found] if found else [])]
     for path in candidates:
+        if not os.path.exists(path) and os.path.sep in path:
+            continue
+        if "openblas" in os.path.basename(path).lower():
+            _choose_kernels(path)
         if _try_load(path):
             loaded_blas = path
             return path
     return None
+
+
+def _choose_kernels(path: str) -> None:
+    global kernel_choice
+    if kernel_choice is None and sys.platform.startswith("linux") and os.uname().machine in (
+            "x86_64", "AMD64"):
+        kernel_choice = choose_kernels(path)
 
 
 def blas_description() -> str:
@@ -75,5 +91,6 @@ def blas_description() -> str:
     if loaded_blas:
         if core_name is None:  # not OpenBLAS: e.g. MKL's libmkl_rt named by UNILAB_BLAS
             return loaded_blas
-        return f"OpenBLAS ({loaded_blas}, {core_name} kernels)"
+        why = f": {kernel_choice.reason}" if kernel_choice is not None else ""
+        return f"OpenBLAS ({loaded_blas}, {core_name} kernels{why})"
     return "MLX's bundled reference BLAS (slow: install libopenblas0-pthread)"
