@@ -42,9 +42,9 @@ from unilab_ros.loop.watchdog import Watchdog
 from unilab_ros.params import ConfigError, warn_unknown_parameters
 from unilab_ros.qos import overridable, topic_qos
 from unilab_ros.rl import PPOAgent, heap
-from unilab_ros.rl.blas import blas_description
 from unilab_ros.rl.checkpoint import CheckpointError
 from unilab_ros.rl.episodes import EpisodeStats
+from unilab_ros.rl.precision import compute_description
 from unilab_ros.robot.payload import robot_payload
 from unilab_ros.robot.spec import SpecError
 from unilab_ros.sim_pause import SimPause
@@ -127,7 +127,7 @@ class TrainerNode(Node):
         self.get_logger().info(
             f"ready: {self._fleet_size()}{self.num_envs} envs x obs {self.obs_dim} -> action "
             f"{session_cfg.agent.action_dim}, rollout {session_cfg.agent.num_steps} steps, "
-            f"iteration {self.agent.iteration}, BLAS: {blas_description()}, heap: "
+            f"iteration {self.agent.iteration}, {compute_description()}, heap: "
             f"{heap.status}; output: {folder}"
         )
         # Their names exist only once the topics do.
