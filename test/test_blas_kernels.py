@@ -107,7 +107,7 @@ def test_a_trial_load_reports_the_kernels_it_ran_and_checks_them_exact():
 
 def start_up_report(**env: str) -> dict:
     code = ("import json, os, unilab_ros.rl\n"
-            "from unilab_ros.rl.precision import compute_description\n"
+            "from unilab_ros.rl.compute import compute_description\n"
             "print(json.dumps({'tf32': os.environ.get('MLX_ENABLE_TF32'),"
             " 'line': compute_description()}))")
     child = {k: v for k, v in os.environ.items() if k != "MLX_ENABLE_TF32"}
@@ -132,3 +132,15 @@ def test_the_start_up_line_names_device_backend_precision_and_blas():
 
 def test_the_tests_run_at_full_precision():
     assert os.environ["MLX_ENABLE_TF32"] == "0"
+
+
+def test_compiled_gpu_kernels_are_kept_out_of_the_temporary_directory(tmp_path):
+    code = ("import json, os, unilab_ros.rl\n"
+            "print(json.dumps({'dir': os.environ.get('MLX_PTX_CACHE_DIR')}))")
+    child = {k: v for k, v in os.environ.items() if k != "MLX_PTX_CACHE_DIR"}
+    for env, expected in (({"XDG_CACHE_HOME": str(tmp_path)}, str(tmp_path / "unilab_ros")),
+                          ({"MLX_PTX_CACHE_DIR": "/own/cache"}, "/own/cache")):
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              env={**child, **env}, timeout=120)
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout.strip().splitlines()[-1])["dir"].startswith(expected)

@@ -22,9 +22,9 @@ from unilab_ros.loop.decisions import BeginUpdate, PublishAction
 from unilab_ros.paths import config_file
 from unilab_ros.rl.agent import PPOAgent
 from unilab_ros.rl.best import BestPolicy
+from unilab_ros.rl.compute import compute_description
 from unilab_ros.rl.episodes import EpisodeStats
 from unilab_ros.rl.finetune import FineTuneConfig
-from unilab_ros.rl.precision import compute_description
 from unilab_ros.rl.setup_file import TrainingSetup, load_setup
 from unilab_ros.trainer.session import SessionConfig, build_session
 

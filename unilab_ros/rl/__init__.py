@@ -2,17 +2,18 @@
 
 The optimized BLAS must be in the process before mlx is first imported, so this
 package loads it before importing any of its MLX modules, and sets up the heap so
-MLX's freed buffers are reused rather than faulted in again (see ``heap``), and decides the
-matmul precision before MLX's first matmul reads it (see ``precision``).
+MLX's freed buffers are reused rather than faulted in again (see ``heap``); the matmul
+precision and the GPU kernel cache are decided before MLX first reads them (``compute``).
 """
 
 from unilab_ros.rl.blas import load_optimized_blas
+from unilab_ros.rl.compute import choose_kernel_cache, choose_precision
 from unilab_ros.rl.heap import keep_freed_memory
-from unilab_ros.rl.precision import choose_precision
 
 load_optimized_blas()
 keep_freed_memory()
 choose_precision()
+choose_kernel_cache()
 
 from unilab_ros.rl.agent import AgentConfig, PPOAgent  # noqa: E402
 from unilab_ros.rl.buffer import RolloutBuffer  # noqa: E402

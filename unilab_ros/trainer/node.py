@@ -43,8 +43,8 @@ from unilab_ros.params import ConfigError, warn_unknown_parameters
 from unilab_ros.qos import overridable, topic_qos
 from unilab_ros.rl import PPOAgent, heap
 from unilab_ros.rl.checkpoint import CheckpointError
+from unilab_ros.rl.compute import compute_description
 from unilab_ros.rl.episodes import EpisodeStats
-from unilab_ros.rl.precision import compute_description
 from unilab_ros.robot.payload import robot_payload
 from unilab_ros.robot.spec import SpecError
 from unilab_ros.sim_pause import SimPause
