@@ -74,6 +74,9 @@ ERRORS = [
     ("cartpole", ["actions", "low"], 30.0, "actions.low: exceeds high"),
     ("cartpole", ["actions", "safe"], [25.0],
      "actions.safe: 25.0 lies outside the limits [-20.0, 20.0]"),
+    # Issue 41: a scale of 0 was accepted (the joint never moves, whatever the policy).
+    ("cartpole", ["actions", "scale"], 0.0, "actions.scale[0]: must not be 0"),
+    ("quadruped", ["actions", "scale"], [0.25] * 7 + [0.0], "actions.scale[7]: must not be 0"),
     ("cartpole", ["actions", "guard"], {"action_smoothing": 1.5},
      "actions.guard: action_smoothing must be in [0, 1)"),
     ("cartpole", ["actions", "guard"], {"max_action_change": [1.0, 2.0]},

@@ -138,6 +138,7 @@ def _actions(r: Reader, default_pose: Mapping[str, float]) -> ActionSpec:
     if interface == "position":
         spec_checks.posed(joints, default_pose, r.path + ".joints")
     scale = r.per_joint("scale", n, (1.0,))
+    spec_checks.nonzero(scale, r.at("scale"))
     low, high = r.per_joint("low", n), r.per_joint("high", n)
     spec_checks.ordered(low, high, r.path)
     safe = r.per_joint("safe", n, ())

@@ -193,6 +193,15 @@ def ordered(low: Sequence[float], high: Sequence[float], path: str) -> None:
         raise SpecError(f"{path}.low: exceeds high ({list(low)} > {list(high)})")
 
 
+def nonzero(values: Sequence[float], path: str) -> None:
+    """No value is 0 (an action scale of 0 leaves its joint at the offset whatever the
+    policy does, and a command-unit rate limit has no policy-unit equivalent)."""
+    for i, value in enumerate(values):
+        if value == 0.0:
+            raise SpecError(f"{path}[{i}]: must not be 0 (the policy could not move the "
+                            "joint)")
+
+
 def within(values: Sequence[float], low: Sequence[float], high: Sequence[float],
            path: str) -> None:
     n = max(len(values), len(low), len(high))
