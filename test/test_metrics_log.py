@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
+import struct
 import subprocess
 import threading
 import time
@@ -27,26 +29,11 @@ def _returns_within(call, seconds: float) -> bool:
     return not thread.is_alive()
 
 
-class _BlockedWriter:
-    """A SummaryWriter whose disk never answers (tensorboardX's after its thread died)."""
-
-    def __init__(self, logdir: str, **_kwargs) -> None:
-        Path(logdir).mkdir(parents=True, exist_ok=True)
-        self.release = threading.Event()
-
-    def add_scalar(self, *_args) -> None:
-        self.release.wait()
-
-    def flush(self) -> None:
-        self.release.wait()
-
-    def close(self) -> None:
-        self.release.wait()
-
-
 def test_a_blocked_tensorboard_writer_blocks_neither_write_nor_close(tmp_path, monkeypatch):
-    tensorboardx = pytest.importorskip("tensorboardX")
-    monkeypatch.setattr(tensorboardx, "SummaryWriter", _BlockedWriter)
+    pytest.importorskip("tensorboardX")
+    release = threading.Event()
+    # An event file whose disk never answers.
+    monkeypatch.setattr(metrics_log._EventFile, "write", lambda *_args: release.wait())
     monkeypatch.setattr(metrics_log, "QUEUE_ROWS", 8, raising=False)
     log = MetricsLog(tmp_path, tensorboard=True)
 
@@ -55,11 +42,75 @@ def test_a_blocked_tensorboard_writer_blocks_neither_write_nor_close(tmp_path, m
             log.write(iteration, VALUES)
             time.sleep(0.01)  # an iteration takes far longer: the CSV thread keeps up
 
-    assert _returns_within(write_rows, 5.0), "MetricsLog.write blocked on TensorBoard"
-    assert _returns_within(lambda: log.close(timeout=1.0), 4.0), "close blocked"
+    try:
+        assert _returns_within(write_rows, 5.0), "MetricsLog.write blocked on TensorBoard"
+        assert _returns_within(lambda: log.close(timeout=1.0), 4.0), "close blocked"
+    finally:
+        release.set()
     # The TensorBoard rows beyond the queue were dropped and counted; the CSV kept all.
     assert log.dropped > 0 and log.failures >= log.dropped
     assert read_metrics(tmp_path / "metrics.csv")["iteration"] == list(range(30))
+
+
+def _read_events(path: Path) -> list:
+    """The events of a TensorBoard event file, checking each record's framing and CRCs
+    as TensorBoard's reader does."""
+    from tensorboardX.proto.event_pb2 import Event
+    from tensorboardX.record_writer import masked_crc32c
+
+    data, events, at = path.read_bytes(), [], 0
+    while at < len(data):
+        header = data[at:at + 8]
+        (length,) = struct.unpack("<Q", header)
+        assert struct.unpack("<I", data[at + 8:at + 12])[0] == masked_crc32c(header)
+        body = data[at + 12:at + 12 + length]
+        assert struct.unpack("<I", data[at + 12 + length:at + 16 + length])[0] == \
+            masked_crc32c(body)
+        events.append(Event.FromString(body))
+        at += 16 + length
+    return events
+
+
+def test_the_event_file_holds_every_finite_scalar_for_tensorboard(tmp_path):
+    pytest.importorskip("tensorboardX")
+    log = MetricsLog(tmp_path, tensorboard=True)
+    for iteration in (1, 2):
+        log.write(iteration, {"mean_return": -10.0 * iteration, "note": float("nan")})
+    log.close()
+    [path] = (tmp_path / "tensorboard").glob("events.out.tfevents.*")
+    events = _read_events(path)
+    assert events[0].file_version == "brain.Event:2"
+    scalars = [(e.step, v.tag, v.simple_value) for e in events[1:] for v in e.summary.value]
+    assert scalars == [(1, "mean_return", -10.0), (2, "mean_return", -20.0)]
+
+
+def test_a_full_disk_turns_tensorboard_off_with_one_line_and_no_thread_traceback(
+    tmp_path, monkeypatch, caplog
+):
+    """On a full disk tensorboardX's writer thread died with a traceback, a new event file
+    was tried every 30 s (each one another traceback) and its atexit hooks printed more:
+    8 tracebacks in one sim_train run. Now the first failed write is one line naming the
+    file and the error, counted, and TensorBoard is off for the run; the CSV goes on."""
+    pytest.importorskip("tensorboardX")
+    thread_errors = []
+    monkeypatch.setattr(threading, "excepthook", thread_errors.append)
+    attempts = []
+
+    def full_disk(self, step, scalars):
+        attempts.append(step)
+        raise OSError(errno.ENOSPC, "No space left on device", str(self.path))
+
+    monkeypatch.setattr(metrics_log._EventFile, "write", full_disk)
+    log = MetricsLog(tmp_path, tensorboard=True)
+    with caplog.at_level("ERROR", logger="unilab_ros.metrics_log"):
+        for iteration in range(10):
+            log.write(iteration, VALUES)
+        log.close()
+    assert attempts == [0], "TensorBoard writes went on after the disk refused one"
+    [line] = [r.getMessage() for r in caplog.records if "TensorBoard" in r.getMessage()]
+    assert "events.out.tfevents" in line and "No space left on device" in line
+    assert log.failures == 1 and thread_errors == []
+    assert read_metrics(tmp_path / "metrics.csv")["iteration"] == list(range(10))
 
 
 def test_rows_are_written_in_order_and_close_writes_the_pending_ones(tmp_path):

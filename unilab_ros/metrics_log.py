@@ -2,9 +2,14 @@
 
 Nothing here may hold up acting: ``write`` only hands a row to two writer threads (one
 for the CSV file, one for TensorBoard) through bounded queues, so a slow, full or dead
-disk costs rows, counted, never a blocked executor. A disk full stops tensorboardX's own
-writer thread for good and its queue then blocks every ``add_scalar``: that blocks our
-TensorBoard thread only, and the CSV rows go on.
+disk costs rows, counted, never a blocked executor.
+
+The TensorBoard event file is written by our own thread with tensorboardX's protobufs
+(``_EventFile``), not by its ``SummaryWriter``: that one writes from a thread of its own,
+which a full disk kills with a traceback (then every later ``add_scalar`` blocks), and its
+atexit hook prints another traceback for each writer at exit. Here a failed event write
+is an OSError on our thread: logged once with the file and the error, counted, and
+TensorBoard logging is off for the rest of the run (the CSV rows go on).
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ import logging
 import math
 import os
 import queue
+import socket
+import struct
 import threading
 import time
 from collections.abc import Callable
@@ -28,12 +35,6 @@ QUEUE_ROWS = 64
 """Rows each writer thread may have pending; more are dropped (and counted)."""
 CLOSE_TIMEOUT = 5.0
 """Seconds ``close`` waits for both writer threads to write what is pending."""
-TENSORBOARD_QUEUE = 1000
-"""tensorboardX's own event queue: room for a few rows of scalars, so a writer whose
-thread died is noticed at the next row, before its full queue would block a put (or its
-close)."""
-TENSORBOARD_RETRY = 30.0
-"""Seconds between new event files while TensorBoard writes keep failing."""
 CSV_WAIT = 0.05
 """Seconds ``write`` waits for its CSV row while the CSV thread keeps up, so a row is on
 disk when ``write`` returns (as readers of metrics.csv expect); once a wait times out,
@@ -93,6 +94,54 @@ class _WriterThread:
             self._finish()
 
 
+class _EventFile:
+    """A TensorBoard event file (TFRecord framing of ``Event`` protobufs) that this process
+    appends to with one ``os.write`` per row: a failed or short write raises OSError and is
+    undone, so the file only ever holds whole records."""
+
+    def __init__(self, folder: Path) -> None:
+        from tensorboardX.proto.event_pb2 import Event
+        from tensorboardX.record_writer import masked_crc32c
+        from tensorboardX.summary import scalar
+
+        self._event, self._crc, self._scalar = Event, masked_crc32c, scalar
+        folder.mkdir(parents=True, exist_ok=True)
+        # The pid keeps two runs started in one second (a restart) in two files.
+        self.path = folder / (f"events.out.tfevents.{int(time.time())}."
+                              f"{socket.gethostname()}.{os.getpid()}")
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            self._append([Event(wall_time=time.time(), file_version="brain.Event:2")])
+        except OSError:
+            self.close()
+            raise
+
+    def write(self, step: int, scalars: dict[str, float]) -> None:
+        now = time.time()
+        self._append([self._event(wall_time=now, step=step, summary=self._scalar(key, value))
+                      for key, value in scalars.items()])
+
+    def _append(self, events: list[Any]) -> None:
+        data = b"".join(self._record(event.SerializeToString()) for event in events)
+        size = os.fstat(self._fd).st_size
+        try:
+            if os.write(self._fd, data) != len(data):
+                raise OSError(errno.ENOSPC, "short write", str(self.path))
+        except OSError:
+            os.ftruncate(self._fd, size)
+            raise
+
+    def _record(self, data: bytes) -> bytes:
+        header = struct.pack("<Q", len(data))
+        return (header + struct.pack("<I", self._crc(header)) + data
+                + struct.pack("<I", self._crc(data)))
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
 class MetricsLog:
     """Appends one CSV row per iteration; the columns are fixed by the first row.
 
@@ -114,8 +163,7 @@ class MetricsLog:
         self._logged: set[str] = set()
         self._columns: list[str] | None = None
         self._csv_behind = False
-        self._writer: Any = None
-        self._tensorboard_retry_at = -math.inf
+        self._events: _EventFile | None = None
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
             if self.csv_path.exists() and self.csv_path.stat().st_size > 0:
@@ -128,12 +176,11 @@ class MetricsLog:
         )
         self._tensorboard_thread: _WriterThread | None = None
         if tensorboard:
-            self._writer = self._tensorboard_writer()
-            if self._writer is not None:
-                # The writer's close flushes, and may block: it runs on that thread too.
+            self._events = self._event_file()
+            if self._events is not None:
                 self._tensorboard_thread = _WriterThread(
                     "metrics-tensorboard", self._write_scalars, QUEUE_ROWS,
-                    finish=self._close_writer,
+                    finish=self._close_events,
                 )
 
     @property
@@ -142,17 +189,16 @@ class MetricsLog:
         with self._lock:
             return self._failures
 
-    def _tensorboard_writer(self) -> Any:
+    def _event_file(self) -> _EventFile | None:
         try:
-            from tensorboardX import SummaryWriter
+            return _EventFile(self.tensorboard_folder)
         except ImportError:
             _LOG.warning("tensorboardX is not installed: TensorBoard logging is off")
-            return None
-        try:
-            return SummaryWriter(str(self.tensorboard_folder), max_queue=TENSORBOARD_QUEUE)
         except OSError as error:
-            _LOG.error("TensorBoard logging is off: %s", error)
-            return None
+            self._failed("tensorboard", f"cannot write a TensorBoard event file in "
+                         f"{self.tensorboard_folder}: {error}; TensorBoard logging is off "
+                         "for this run")
+        return None
 
     def _failed(self, kind: str, message: str) -> None:
         """Count a lost row; log the first of each ``kind`` only."""
@@ -212,33 +258,26 @@ class MetricsLog:
             os.close(fd)
 
     def _write_scalars(self, row: dict[str, Any]) -> None:
-        if not self.tensorboard_folder.is_dir() or not _event_thread_alive(self._writer):
-            # A removed folder would swallow the scalars (the event file is unlinked); a
-            # dead writer thread (disk full) would block: start a new event file, at most
-            # every TENSORBOARD_RETRY seconds (each one costs a file while the disk is full).
-            self._failed("tensorboard lost", f"TensorBoard writer of "
-                         f"{self.tensorboard_folder} lost: starting a new event file")
-            now = time.monotonic()
-            if now < self._tensorboard_retry_at:
+        if self._events is None:
+            return
+        if not self.tensorboard_folder.is_dir():
+            # A removed folder would swallow the scalars (the event file is unlinked).
+            self._failed("tensorboard lost", f"{self.tensorboard_folder} was removed: "
+                         "starting a new event file")
+            self._close_events()
+            self._events = self._event_file()
+            if self._events is None:
                 return
-            self._tensorboard_retry_at = now + TENSORBOARD_RETRY
-            self._close_writer()
-            try:
-                self.tensorboard_folder.mkdir(parents=True, exist_ok=True)
-            except OSError as error:
-                self._failed("tensorboard", f"cannot write TensorBoard scalars: {error}")
-                return
-            self._writer = self._tensorboard_writer()
-            if self._writer is None:
-                return
-        iteration = row["iteration"]
+        scalars = {key: float(value) for key, value in row.items()
+                   if key != "iteration" and isinstance(value, int | float)
+                   and math.isfinite(value)}
         try:
-            for key, value in row.items():
-                if key != "iteration" and isinstance(value, int | float) and math.isfinite(value):
-                    self._writer.add_scalar(key, value, iteration)
-            self._writer.flush()
+            self._events.write(row["iteration"], scalars)
         except OSError as error:
-            self._failed("tensorboard", f"cannot write TensorBoard scalars: {error}")
+            # A full disk fails every later row too: one line, then TensorBoard is off.
+            self._failed("tensorboard", f"cannot write {self._events.path}: {error}; "
+                         "TensorBoard logging is off for the rest of this run")
+            self._close_events()
 
     def close(self, timeout: float = CLOSE_TIMEOUT) -> None:
         """Write what is pending, within ``timeout`` seconds in all; a writer thread
@@ -252,23 +291,10 @@ class MetricsLog:
             self._failed("close tensorboard", f"TensorBoard writes did not finish in "
                          f"{timeout} s (a full disk?)")
 
-    def _close_writer(self) -> None:
-        if self._writer is None:
-            return
-        try:
-            self._writer.close()
-        except OSError as error:
-            self._failed("tensorboard", f"cannot write TensorBoard scalars: {error}")
-        self._writer = None
-
-
-def _event_thread_alive(writer: Any) -> bool:
-    """False once tensorboardX's writer thread has died (it does on a write error); its
-    attributes are private, so a version without them counts as alive."""
-    file_writer = getattr(writer, "file_writer", None)
-    event_writer = getattr(file_writer, "event_writer", None)
-    thread = getattr(event_writer, "_worker", None)
-    return writer is not None and (thread is None or thread.is_alive())
+    def _close_events(self) -> None:
+        if self._events is not None:
+            self._events.close()
+            self._events = None
 
 
 def read_metrics(csv_path: str | Path) -> dict[str, list[float]]:

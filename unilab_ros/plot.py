@@ -9,6 +9,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
 
+from unilab_ros.rl.files import write_atomically  # noqa: E402
+
 
 def plot_learning_curve(
     metrics: dict[str, list[float]],
@@ -17,7 +19,10 @@ def plot_learning_curve(
     best: tuple[int, float] | None = None,
 ) -> Path:
     """Mean episode return and update time against env steps, as a PNG; ``best``
-    (iteration, mean return) marks the kept best policy."""
+    (iteration, mean return) marks the kept best policy.
+
+    Written atomically: a disk that refuses it (OSError) leaves the previous figure, or
+    none, never an empty or partial PNG."""
     fig, (ax_return, ax_time) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
     steps = metrics["env_steps"]
     ax_return.plot(steps, metrics["mean_return"], color="tab:blue")
@@ -34,6 +39,7 @@ def plot_learning_curve(
     ax_time.set_xlabel("env steps")
     ax_time.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    try:
+        return write_atomically(path, lambda tmp: fig.savefig(tmp, dpi=100, format="png"))
+    finally:
+        plt.close(fig)

@@ -7,7 +7,14 @@
 
 Each run writes to a folder of its own, ``runs/<params file stem, or --env-id>/
 <YYYYmmdd-HHMMSS>-<pid>/`` (``--output`` names one instead), and ``runs/<...>/latest``
-links to the newest run once it has written a metrics row or a checkpoint.
+links to the newest run once it has written a metrics row or a checkpoint. An
+``--output`` that holds a run is resumed from its ``latest.safetensors``, or refused with
+one line (the trainer's rule, ``run_folder.restart_plan``), never trained over.
+
+A disk that refuses a file (full, read-only) costs that file, not the run: the trainer
+counts its failed checkpoints and metrics rows, and this process logs the learning curve
+or ``latest`` link it could not write, each once with its path and error, and still
+exits 0 when training succeeded.
 
 Starts ``gym_env_node`` and ``trainer_node`` on an isolated ROS 2 graph (localhost
 discovery, a domain id of its own), relays the trainer's progress lines, stops the
@@ -35,8 +42,8 @@ from pathlib import Path
 from unilab_ros.metrics_log import read_metrics
 from unilab_ros.paths import config_file
 from unilab_ros.plot import plot_learning_curve
-from unilab_ros.rl.checkpoint import Checkpoint
-from unilab_ros.run_folder import new_run_folder, point_latest
+from unilab_ros.rl.checkpoint import Checkpoint, CheckpointError
+from unilab_ros.run_folder import LATEST_LINK, new_run_folder, point_latest
 
 RUNS_ROOT = Path("runs")
 """Where runs go without ``--output`` (relative to the working directory)."""
@@ -117,13 +124,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def output_folder(output: Path | None, task: str) -> tuple[Path, bool]:
     """The run folder, and whether ``latest`` is to point at it once it is written:
-    ``output`` as given (emptied of an earlier run's metrics), or else a new folder
-    under ``RUNS_ROOT/<task>/``."""
+    ``output`` as given (a run it holds is the trainer's to resume or refuse), or else a
+    new folder under ``RUNS_ROOT/<task>/``."""
     if output is None:
         return new_run_folder(RUNS_ROOT, task, link_latest=False), True
     output = output.resolve()
     output.mkdir(parents=True, exist_ok=True)
-    (output / "metrics.csv").unlink(missing_ok=True)
     return output, False
 
 
@@ -178,28 +184,51 @@ def main(argv: list[str] | None = None) -> int:
     if trainer.returncode != 0:
         print(f"sim_train: trainer exited with code {trainer.returncode}", flush=True)
         return trainer.returncode or 1
-    if not (output / "metrics.csv").is_file():
-        print(f"sim_train: stopped after {elapsed:.0f}s, before the first update", flush=True)
-        return 0
-    metrics = read_metrics(output / "metrics.csv")
+    report(output, params_file.stem, elapsed)
+    return 0
+
+
+def report(output: Path, title: str, elapsed: float) -> list[str]:
+    """Print the run's summary and write its learning curve; returns the files that could
+    not be written, each logged once with its path and error (the run still succeeded)."""
+    metrics = read_metrics(output / "metrics.csv") if (output / "metrics.csv").is_file() else {}
+    if not metrics:
+        print(f"sim_train: stopped after {elapsed:.0f}s with no metrics row in "
+              f"{output / 'metrics.csv'} (before the first update, or its disk refused "
+              "them)", flush=True)
+        return []
     best = best_policy(output / "best.safetensors")
-    png = plot_learning_curve(
-        metrics, output / "learning_curve.png", title=params_file.stem, best=best
-    )
+    png = output / "learning_curve.png"
+    failed = []
+    try:
+        plot_learning_curve(metrics, png, title=title, best=best)
+    except OSError as error:
+        failed.append(_write_failed(png, error))
     final_return = metrics["mean_return"][-1]
     best_line = (
         f"best mean return {best[1]:.1f} at iteration {best[0]}: {output / 'best.safetensors'}"
         if best is not None
-        else "best: none yet (fewer finished episodes than best_min_episodes)"
+        else "best: none saved (fewer finished episodes than best_min_episodes, or the disk "
+        "refused it)"
     )
+    latest = output / "latest.safetensors"
     print(
-        f"sim_train: {len(metrics['iteration'])} iterations, {int(metrics['env_steps'][-1])} env "
-        f"steps in {elapsed:.0f}s; final mean return {final_return:.1f}\n"
+        f"sim_train: {int(metrics['iteration'][-1])} iterations, "
+        f"{int(metrics['env_steps'][-1])} env steps in {elapsed:.0f}s; final mean return "
+        f"{final_return:.1f}\n"
         f"  {best_line}\n"
-        f"  final checkpoint: {output / 'latest.safetensors'}\n  learning curve: {png}",
+        f"  final checkpoint: {latest if latest.is_file() else 'none saved (see above)'}\n"
+        f"  learning curve: {'not written' if failed else png}"
+        + (f"\n  files not written: {len(failed)} ({', '.join(failed)})" if failed else ""),
         flush=True,
     )
-    return 0
+    return failed
+
+
+def _write_failed(path: Path, error: OSError) -> str:
+    print(f"sim_train: error: cannot write {path}: {error} (training itself is not "
+          "affected)", file=sys.stderr, flush=True)
+    return str(path)
 
 
 def _error(message: str) -> int:
@@ -208,19 +237,24 @@ def _error(message: str) -> int:
 
 
 def _point_latest_once_written(output: Path) -> bool:
-    """Point ``latest`` at ``output`` if the run wrote a metrics row or a checkpoint."""
+    """Point ``latest`` at ``output`` if the run wrote a metrics row or a checkpoint; True
+    once that was tried (a disk that refuses the link is logged, and not tried again)."""
     if (output / "metrics.csv").is_file() or any(output.glob("*.safetensors")):
-        point_latest(output)
+        try:
+            point_latest(output)
+        except OSError as error:
+            _write_failed(output.parent / LATEST_LINK, error)
         return True
     return False
 
 
 def best_policy(path: Path) -> tuple[int, float] | None:
-    """(iteration, mean return) of the kept best policy, if the run kept one."""
-    if not path.is_file():
+    """(iteration, mean return) of the kept best policy, if the run kept one it can read."""
+    try:
+        checkpoint = Checkpoint(path)
+        return checkpoint.iteration, float(checkpoint.extra["best_mean_return"])
+    except (CheckpointError, KeyError, TypeError, ValueError):
         return None
-    checkpoint = Checkpoint(path)
-    return checkpoint.iteration, float(checkpoint.extra["best_mean_return"])
 
 
 if __name__ == "__main__":
