@@ -41,6 +41,8 @@ from unilab_ros.robot.samples import (
 )
 from unilab_ros.robot.spec import load_spec
 from unilab_ros.ros_robot_io import (
+    MAGNITUDE_LIMIT,
+    ahead_reason,
     command_message,
     command_message_type,
     message_type,
@@ -82,9 +84,10 @@ def imu(xyzw=(0.0, 0.0, HALF, HALF), angular=(0.1, 0.2, 0.3),
                angular_velocity=vector(*angular), linear_acceleration=vector(0.0, 0.0, 9.81))
 
 
-def odometry(xyzw=(0.0, 0.0, HALF, HALF), header=STAMP) -> Odometry:
+def odometry(xyzw=(0.0, 0.0, HALF, HALF), header=STAMP, position=(1.0, 2.0, 3.0)
+             ) -> Odometry:
     msg = Odometry(header=header, child_frame_id="base_link")
-    msg.pose.pose = pose(xyzw=xyzw)
+    msg.pose.pose = pose(position=position, xyzw=xyzw)
     msg.twist.twist = Twist(linear=vector(0.5, 0.0, -0.1), angular=vector(0.0, 0.0, 0.7))
     return msg
 
@@ -93,9 +96,12 @@ def test_every_source_type_has_a_message_to_subscribe_that_it_decodes():
     for source_type in SAMPLE_TYPES:
         msg_type = message_type(source_type)
         assert isinstance(msg_type, type)
-        # Default-built messages carry zeros and unit quaternions; a joint state needs names.
+        # Default-built messages carry zeros and unit quaternions; a joint state needs
+        # names, a stamped message its stamp.
         msg = (msg_type(name=["j"], position=[0.0]) if source_type == "joint_state"
                else msg_type())
+        if hasattr(msg, "header"):
+            msg.header = STAMP
         sample = to_sample(source_type, msg, ARRIVAL)
         assert isinstance(sample, SAMPLE_TYPES[source_type]), source_type
     assert message_type("float_array") is Float64MultiArray
@@ -179,8 +185,35 @@ def test_imu_odometry_twist_pose_and_arrays_against_hand_set_values():
     ("twist_stamped", TwistStamped()),
     ("pose_stamped", PoseStamped(pose=pose())),
 ], ids=lambda value: value if isinstance(value, str) else "")
-def test_a_zero_stamp_means_unstamped(source_type, msg):
-    assert to_sample(source_type, msg, ARRIVAL).stamp is None
+def test_a_zero_stamp_is_refused_not_taken_as_fresh_data(source_type, msg):
+    """Issue 41 (9): a stamp of 0 (unset) with fabricated data was taken as fresh, its
+    arrival time standing in for it. A stamped type must carry its time."""
+    with pytest.raises(MessageError, match=r"header.stamp is 0 \(unset\)"):
+        to_sample(source_type, msg, ARRIVAL)
+
+
+@pytest.mark.parametrize("source_type, msg, reason", [
+    ("joint_state", joint_state(position=(0.1, 1e150, 0.0)), r"position\[1\] is 1e\+150"),
+    ("joint_state", joint_state(velocity=(0.0, 0.0, -1e200)), r"velocity\[2\] is -1e\+200"),
+    ("imu", imu(angular=(0.0, 2e6, 0.0)), r"angular_velocity\[1\] is 2e\+06"),
+    ("odometry", odometry(position=(1e300, 0.0, 0.0)), r"pose.position\[0\] is 1e\+300"),
+    ("float_array", Float64MultiArray(data=[0.0, 1e40]), r"data\[1\] is 1e\+40"),
+], ids=lambda value: "" if not isinstance(value, str) or " " in value else value)
+def test_a_finite_absurd_value_is_refused_before_it_reaches_a_term(source_type, msg, reason):
+    """Issue 41 (8): 1e150 / 1e200 joint positions were accepted; the reward became -inf and
+    the whole update was lost. Values beyond MAGNITUDE_LIMIT are a driver fault."""
+    with pytest.raises(MessageError, match=reason + ".*beyond"):
+        to_sample(source_type, msg, ARRIVAL)
+    assert MAGNITUDE_LIMIT ** 2 < np.finfo(np.float32).max
+
+
+def test_no_node_clock_yet_is_not_another_clock():
+    """Issue 41 (7): before /clock arrives a node on sim time reads 0, and every stamp was
+    refused as "ahead of the node clock (0 s): the publisher uses another clock"."""
+    assert to_sample("imu", imu(), arrival_s=0.0).stamp == pytest.approx(12.5)
+    assert to_sample("imu", imu(), arrival_s=None).stamp == pytest.approx(12.5)
+    assert ahead_reason(to_sample("imu", imu(), None), 0.0) == ""
+    assert "another clock" in ahead_reason(to_sample("imu", imu(), None), 5.0)
 
 
 def test_the_quaternion_is_read_x_y_z_w():

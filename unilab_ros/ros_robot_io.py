@@ -3,13 +3,17 @@
 The robot spec package (``unilab_ros.robot``) is ROS-free so the trainer and a deploy runtime
 build the same observation anywhere; this module is the ROS side. Decoding checks the message
 contract and raises ``MessageError`` with a one-line reason, so a subscriber can log, count
-and drop a broken message before a sample exists: non-finite values, JointState arrays whose
-lengths disagree with ``name``, a quaternion not of unit norm, a stamp ahead of the clock.
+and drop a broken message before a sample exists: non-finite values, finite values beyond
+``MAGNITUDE_LIMIT`` (1e150 as a joint position: it would make the reward -inf and cost an
+update), JointState arrays whose lengths disagree with ``name``, a quaternion not of unit
+norm, a stamped message whose stamp is unset (0), a stamp ahead of the clock.
 
 - Quaternions stay (x, y, z, w), as geometry_msgs has them: no reordering happens here.
-- Stamps are the header stamp in seconds on the node clock. A zero stamp (many drivers leave
-  it) and an unstamped type (Twist, a multi-array) give ``stamp=None``: the step source then
-  takes the arrival time.
+- Stamps are the header stamp in seconds on the node clock. A stamped type (JointState, Imu,
+  Odometry, TwistStamped, PoseStamped) with a zero stamp is refused: its age cannot be known,
+  and data that claims no time must not count as fresh (a driver that leaves it unset
+  publishes the unstamped type, or stamps). An unstamped type (Twist, a multi-array) gives
+  ``stamp=None``: the step source then takes the arrival time.
 - A JointState keeps its wire order; names are matched in the robot package (``extract``).
 """
 
@@ -43,6 +47,11 @@ FUTURE_TOLERANCE_S = 1.0
 (wall time against sim time: ``use_sim_time`` set on one side only); its age would stay
 negative, so stale data would never be noticed. Within it: skew and a /clock message that
 arrives after the data it stamps."""
+MAGNITUDE_LIMIT = 1e6
+"""The largest magnitude a decoded value may have. In SI units no joint position, velocity or
+effort, IMU reading or pose coordinate of a robot reaches it (a million metres, radians per
+second or newtons); a value beyond it is a driver fault. Below it, squares stay finite even
+in float32 (the observation's type), so no reward or observation term overflows."""
 QUATERNION_NORM_TOLERANCE = 1e-2
 """How far from 1 a quaternion's norm may be: drivers normalise to float32 precision, so a
 norm further off is a driver fault (or a zero quaternion left unset)."""
@@ -90,10 +99,12 @@ def message_type(source_type: str, advertised: Sequence[str] = ()) -> type:
                      f"{list(advertised)}")
 
 
-def to_sample(source_type: str, msg: object, arrival_s: float,
+def to_sample(source_type: str, msg: object, arrival_s: float | None,
               future_tolerance_s: float = FUTURE_TOLERANCE_S) -> Sample:
     """The sample of ``msg`` for a source of ``source_type``; ``arrival_s`` is the node
-    clock's time at arrival (seconds), against which the stamp is checked.
+    clock's time at arrival (seconds), against which the stamp is checked (``ahead_reason``);
+    None, or 0 (a node on sim time before the first /clock: no clock to compare with),
+    skips that check.
 
     Raises MessageError (reason prefixed with the source type) for a message that breaks
     its contract, or of a type the source does not take.
@@ -104,28 +115,44 @@ def to_sample(source_type: str, msg: object, arrival_s: float,
             raise MessageError(f"takes {' or '.join(ros_type_name(t) for t in accepted)}, "
                                f"got {type(msg).__name__}")
         sample = _DECODERS[source_type](msg)
-        if sample.stamp is not None and sample.stamp > arrival_s + future_tolerance_s:
-            raise MessageError(f"stamp {sample.stamp:.9g} s is {sample.stamp - arrival_s:.3g} "
-                               f"s ahead of the node clock ({arrival_s:.9g} s): the publisher "
-                               f"uses another clock (use_sim_time?)")
+        ahead = ahead_reason(sample, arrival_s, future_tolerance_s)
+        if ahead:
+            raise MessageError(ahead)
     except MessageError as error:
         raise MessageError(f"{source_type}: {error.reason}") from None
     return sample
 
 
-def _stamp(header: Header) -> float | None:
+def ahead_reason(sample: Sample, now_s: float | None,
+                 future_tolerance_s: float = FUTURE_TOLERANCE_S) -> str:
+    """Why ``sample``'s stamp cannot be on the node clock, which reads ``now_s``: it leads it
+    by more than the tolerance (empty when it does not, or when there is no clock yet)."""
+    if sample.stamp is None or not now_s or sample.stamp <= now_s + future_tolerance_s:
+        return ""
+    return (f"stamp {sample.stamp:.9g} s is {sample.stamp - now_s:.3g} s ahead of the node "
+            f"clock ({now_s:.9g} s): the publisher uses another clock (use_sim_time?)")
+
+
+def _stamp(header: Header) -> float:
     stamp = header.stamp
     if stamp.nanosec >= 1_000_000_000:
         raise MessageError(f"header.stamp.nanosec {stamp.nanosec} is not below 1e9")
     if stamp.sec == 0 and stamp.nanosec == 0:
-        return None
+        raise MessageError("header.stamp is 0 (unset): the data's age cannot be known, so "
+                           "it is not taken as fresh (stamp it, or publish the unstamped "
+                           "type)")
     return stamp.sec + stamp.nanosec * 1e-9
 
 
 def _finite(values: np.ndarray, what: str) -> np.ndarray:
+    """``values``, once each is finite and within ``MAGNITUDE_LIMIT``."""
     if not np.isfinite(values).all():
         bad = int(np.flatnonzero(~np.isfinite(values))[0])
         raise MessageError(f"{what}[{bad}] is {values[bad]}")
+    if values.size and np.abs(values).max() > MAGNITUDE_LIMIT:
+        bad = int(np.argmax(np.abs(values)))
+        raise MessageError(f"{what}[{bad}] is {values[bad]:.6g}, beyond +-{MAGNITUDE_LIMIT:g} "
+                           "(no robot reports that: a driver fault)")
     return values
 
 
