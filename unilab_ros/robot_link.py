@@ -13,6 +13,14 @@ scheduled time (``ScheduleSpin``): the scheduler wakes a timer a little late, by
 amount with a tail past 1 ms on a busy machine, and a tick that waits to a fixed offset
 from the schedule takes the timer's lateness out of the period whenever it is under the
 margin.
+A stamp ahead of the node clock by more than the tolerance is held, not refused, for up to
+``CLOCK_BACKLOG_GRACE`` s: under use_sim_time the node clock is the newest /clock message
+this executor has run, and after the executor was busy (a PPO update) the sensor message can
+run before the /clock messages queued beside it. A stamp still ahead once the grace is over
+comes from another clock (refused, counted, logged). Before the first /clock there is no
+node clock to compare with: samples are kept without a word.
+Each tick also watches the achieved control rate in the robot's time (``RobotSteps.rate``):
+a window below the threshold is a throttled warning with the numbers and what to do.
 ``JointCommandOutput`` publishes the loop's commands (policy units) as the spec's joint
 commands. The step logic itself is ``robot.steps.RobotSteps``, ROS-free.
 """
@@ -40,6 +48,7 @@ from unilab_ros.robot.spec_types import RobotSpec
 from unilab_ros.robot.steps import RobotSteps
 from unilab_ros.ros_robot_io import (
     POINT_FIELDS,
+    ahead_reason,
     command_message,
     command_message_type,
     message_type,
@@ -50,8 +59,14 @@ WARN_PERIOD = 5.0
 """Seconds between repeats of one kind of warning."""
 JITTER_WINDOW = 2000
 """Control periods the jitter percentiles are taken over."""
-LINK_COUNTERS = ("rejected_messages", "joint_mismatches", "reset_calls", "reset_failures",
-                 "operator_resets")
+CLOCK_BACKLOG_GRACE = 1.0
+"""Steady seconds a sample stamped ahead of the node clock waits for the node clock (its
+/clock messages queued behind it) before it counts as from another clock."""
+LINK_COUNTERS = ("joint_mismatches", "reset_calls", "reset_failures", "operator_resets",
+                 "held_ahead_of_clock")
+"""The link's own counts; a rejected message counts in its ``RobotSteps``' counters
+(``rejected_messages``), with every other count of the robot's data, so the progress line
+and ``~/status`` read one number."""
 
 
 class JointCommandOutput(CommandPublisher):
@@ -172,6 +187,11 @@ class RobotLink:
         self.joint_error = ""
         """Why the robot's joints do not fit the spec (empty: they do, or none heard)."""
         self._heard: set[str] = set()
+        self._warned_at: dict[str, float] = {}
+        self._held: dict[str, Any] = {}
+        """Per source, the newest sample that waits for the node clock."""
+        self._ahead_since: dict[str, float] = {}
+        """Per source, since when (steady s) its stamps have been ahead of the node clock."""
         advertised = dict(node.get_topic_names_and_types())
         self.subscriptions = []
         for source in spec.sources:
@@ -209,8 +229,20 @@ class RobotLink:
             self.spin.wait(self.timer.time_until_next_call() * 1e-9)
         now = self.now()
         self.jitter.tick(now)
+        self._take_held(now)
         self._on_tick(now)
         self._last_tick = time.monotonic()
+        shortfall = self.steps.shortfall
+        if shortfall is not None:
+            self.warn(
+                "rate",
+                f"control rate {shortfall.achieved_hz:.1f} Hz over the last "
+                f"{shortfall.window_s:.1f} s of robot time, below "
+                f"{self.steps.rate.threshold:.0%} of the spec's {shortfall.expected_hz:g} Hz "
+                f"({self.steps.counters['rate_shortfalls']} such windows): this node cannot "
+                "keep up with the robot; lower the robot's real_time_factor (or the spec's "
+                f"control_rate). Steps longer than {self.steps.step_deadline:g} s of robot "
+                f"time are not learned from ({self.steps.counters['late_steps']} so far)")
         work, self._slack_work = self._slack_work, None
         if work is not None:
             work()
@@ -225,22 +257,70 @@ class RobotLink:
         self._slack_work = work
         return True
 
+    def warn(self, kind: str, text: str, level: str = "warning") -> bool:
+        """Log ``text`` unless a line of ``kind`` went out within ``WARN_PERIOD`` (rclpy
+        throttles per call site, and one noisy kind must not hide the others); whether it
+        went out."""
+        now = time.monotonic()
+        if now - self._warned_at.get(kind, -math.inf) < WARN_PERIOD:
+            return False
+        self._warned_at[kind] = now
+        getattr(self.node.get_logger(), level)(text)
+        return True
+
     def _on_message(self, name: str, kind: str, msg: Any) -> None:
         now = self.now()
         try:
-            self.steps.on_sample(name, to_sample(kind, msg, now), now)
+            sample = to_sample(kind, msg, None)
+            if self._held_ahead(name, kind, sample, now):
+                return
         except MessageError as error:
-            self.counters.add("rejected_messages")
-            self.node.get_logger().warning(f"source {name!r}: rejected message: {error.reason}",
-                                           throttle_duration_sec=WARN_PERIOD)
+            self._reject(name, error.reason)
             return
+        self._accept(name, sample, now)
+
+    def _held_ahead(self, name: str, kind: str, sample: Any, now: float) -> bool:
+        """Hold ``sample`` while it waits for the node clock (see the module docstring);
+        raises MessageError once its source has been ahead longer than the grace."""
+        if now <= 0.0 and self.node.get_clock().ros_time_is_active:
+            # No /clock yet: nothing to compare with, and no grace runs.
+            self._held[name] = sample
+            return True
+        reason = ahead_reason(sample, now)
+        if not reason:
+            self._ahead_since.pop(name, None)
+            self._held.pop(name, None)
+            return False
+        since = self._ahead_since.setdefault(name, time.monotonic())
+        if time.monotonic() - since > CLOCK_BACKLOG_GRACE:
+            self._held.pop(name, None)
+            raise MessageError(f"{kind}: {reason}")
+        self._held[name] = sample
+        self.counters.add("held_ahead_of_clock")
+        return True
+
+    def _take_held(self, now: float) -> None:
+        """Take the held samples the node clock has caught up with."""
+        for name, sample in list(self._held.items()):
+            if now > 0.0 and not ahead_reason(sample, now):
+                del self._held[name]
+                self._ahead_since.pop(name, None)
+                self._accept(name, sample, now)
+
+    def _reject(self, name: str, reason: str) -> None:
+        rejected = self.steps.counters.add("rejected_messages")
+        self.warn(f"rejected {name}",
+                  f"source {name!r}: rejected message ({rejected} so far): {reason}")
+
+    def _accept(self, name: str, sample: Any, now: float) -> None:
+        try:
+            self.steps.on_sample(name, sample, now)
         except ValueError as error:
             self.counters.add("joint_mismatches")
-            first = not self.joint_error
             self.joint_error = f"source {name!r}: {error}"
-            if first:
-                self.node.get_logger().error(
-                    f"{self.joint_error} (the spec's joints are matched by name)")
+            self.warn("joints", f"{self.joint_error} (the spec's joints are matched by name; "
+                      f"{self.counters['joint_mismatches']} messages so far): the robot gets "
+                      "the safe action until its joints match", level="error")
             return
         self.joint_error = ""
         self._heard.add(name)
@@ -310,6 +390,10 @@ class RobotLink:
             "waiting_for": list(self.steps.waiting),
             "needs_reset": self.steps.needs_reset,
             "episode_step": self.steps.episode_step,
+            "control_rate": self.steps.rate.summary(),
+            # How far the robot's data runs ahead of this node's clock (a lagging /clock).
+            "clock_lag_s": (round(self.steps.robot_time - now, 4)
+                            if math.isfinite(self.steps.robot_time) else None),
             "period_jitter": self.jitter.summary(),
             "timer_wake": self.spin.summary(),
             "joint_error": self.joint_error,

@@ -12,7 +12,13 @@ which acts on the newest sample of every source:
   training loop cuts the segment as a time-out) and the episode ends;
 - otherwise the tick returns the ``Transition`` of the outstanding action (its reward, its
   done code and the next observation), or, with no action outstanding, a ``SegmentStart``
-  to act on.
+  to act on;
+- a step that took longer than ``step_deadline`` in the robot's time (its data's newest
+  stamp: a loop that cannot keep up with the robot misses ticks, and its node clock may lag
+  the robot's) is not learned from: dropped (counted in ``late_steps``), its segment cut as
+  a time-out (``cut_pending`` until ``expired`` reports it), and the tick acts on the new
+  observation as a ``SegmentStart``. ``rate`` measures the acting ticks per second of robot
+  time; ``shortfall`` holds a window below 90 % of the spec's rate (counted).
 
 After a done (a Transition whose done is not 0, or a stale cut) ``needs_reset`` is True and
 ticks return None. The caller then sends the safe action (at once on a failure: a real
@@ -34,6 +40,7 @@ from unilab_ros.loop.counters import Counters
 from unilab_ros.loop.stepper import Deadline, SegmentStart, Transition
 from unilab_ros.rl.done_codes import DoneCode
 from unilab_ros.robot.commands import draw_commands, read_commands
+from unilab_ros.robot.control_rate import ControlRate, RateShortfall
 from unilab_ros.robot.extract import joint_indices
 from unilab_ros.robot.observation import ObservationBuilder
 from unilab_ros.robot.samples import SAMPLE_TYPES, JointStateSample, Sample
@@ -51,6 +58,8 @@ class _Pending:
     obs: np.ndarray
     action: np.ndarray
     deadline: Deadline
+    robot_time: float
+    """The robot's time (its data's newest stamp) when the action went out."""
 
 
 class RobotSteps:
@@ -67,7 +76,8 @@ class RobotSteps:
         self.task = Task(spec)
         self.counters = Counters(
             ["steps_completed", "steps_dropped", "stale_ticks", "stale_cuts", "waiting_ticks",
-             "episodes", "failures", "time_outs"] + [f"stale_{s.name}" for s in spec.sources])
+             "episodes", "failures", "time_outs", "late_steps", "rate_shortfalls",
+             "rejected_messages"] + [f"stale_{s.name}" for s in spec.sources])
         self.stale: dict[str, float] = {}
         """The sources the latest tick found too old, with their ages (s); empty if fresh."""
         self.waiting: list[str] = []
@@ -83,6 +93,10 @@ class RobotSteps:
         """The latest step's reward per term (weight x value x dt), in spec order."""
         self.fired: list[str] = []
         """The kinds of the terminations that ended the latest step (empty: it ran on)."""
+        self.rate = ControlRate(spec.dt)
+        """The acting ticks per second of robot time."""
+        self.shortfall: RateShortfall | None = None
+        """The window the latest tick closed below the threshold rate (None: none)."""
         self._joints = _joints_by_source(spec)
         self._checked_names: dict[str, tuple[str, ...]] = {}
         self._newest: dict[str, tuple[Sample, float]] = {}
@@ -137,8 +151,29 @@ class RobotSteps:
         return {s.name: now - self._newest[s.name][1] if s.name in self._newest else math.inf
                 for s in self.spec.sources}
 
+    @property
+    def robot_time(self) -> float:
+        """The robot's time: the newest stamp (arrival time when unstamped) of its data."""
+        return max((when for _, when in self._newest.values()), default=-math.inf)
+
+    @property
+    def cut_pending(self) -> bool:
+        """A step was cut (stale data, or late) and ``expired`` has not reported it yet."""
+        return self._cut
+
     def tick(self, now: float) -> SegmentStart | Transition | None:
         """One control tick: see the module docstring."""
+        self.shortfall = None
+        event = self._tick(now)
+        if event is None:
+            self.rate.restart()
+            return None
+        self.shortfall = self.rate.tick(self.robot_time)
+        if self.shortfall is not None:
+            self.counters.add("rate_shortfalls")
+        return event
+
+    def _tick(self, now: float) -> SegmentStart | Transition | None:
         if self.needs_reset:
             return None
         # A clock that went back (sim time restarted) leaves nothing newer than the reset.
@@ -172,9 +207,21 @@ class RobotSteps:
         self._pending = None
         code, self.fired = self.task.done(ctx)
         reward, self.reward_shares = self.task.reward(ctx, code)
-        self.counters.add("steps_completed")
+        late = self.robot_time - pending.robot_time > self.step_deadline
+        if late:
+            self.counters.add("steps_dropped")
+            self.counters.add("late_steps")
+            self._cut = True
+        else:
+            self.counters.add("steps_completed")
         if code != DoneCode.RUNNING:
             self._end_episode("failures" if code == DoneCode.TERMINATED else "time_outs")
+            if late:
+                return None
+        if late:
+            # The policy's action was held far longer than a control period: no step of
+            # the task. The robot goes on from here, a new segment.
+            return SegmentStart(obs, stamp)
         return Transition(pending.obs, pending.action, np.array([reward], np.float32),
                           np.array([code], np.uint8), obs, stamp)
 
@@ -202,8 +249,8 @@ class RobotSteps:
         action instead, and the next episode starts a segment of its own)."""
         if self.needs_reset:
             return
-        self._pending = _Pending(obs, action,
-                                 Deadline(now, self.step_deadline))
+        self._pending = _Pending(obs, action, Deadline(now, self.step_deadline),
+                                 self.robot_time)
         self._previous_action = self._action
         self._action = np.asarray(action, np.float64).reshape(-1)
 

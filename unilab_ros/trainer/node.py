@@ -379,8 +379,7 @@ class TrainerNode(Node):
     def _report_iteration(self, metrics: dict[str, float]) -> None:
         values = self.report.values(metrics)
         self.artifacts.write_metrics(self.agent.iteration, values)
-        problems = self.loop.step_counters["steps_dropped"] + self.counters[
-            "rejected_observations"]
+        problems = self.loop.step_counters["steps_dropped"] + reports.rejected_count(self.loop)
         failing = bool(self.counters["save_failures"] or self.artifacts.metrics.failures)
         self._diag_pub.publish(reports.diagnostics(
             values, self.agent.iteration, self.get_fully_qualified_name(), problems, failing,

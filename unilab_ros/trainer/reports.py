@@ -47,7 +47,7 @@ class IterationReport:
     def line(self, metrics: dict[str, float]) -> str:
         """The progress line of the iteration ``values`` was last called for."""
         loop, agent, values = self._loop, self._loop.agent, self.last
-        rejected = sum(v for k, v in loop.counters.items() if k.startswith("rejected"))
+        rejected = rejected_count(loop)
         # Before any episode ended there is no mean: say so rather than print nan.
         episode = (
             f"return {values['mean_return']:9.2f} | len {values['mean_length']:6.1f}"
@@ -60,6 +60,13 @@ class IterationReport:
             f"lr {metrics['learning_rate_min']:.0e}..{metrics['learning_rate_max']:.0e} | "
             f"dropped {loop.step_counters['steps_dropped']} rejected {rejected}"
         )
+
+
+def rejected_count(loop: TrainingLoop) -> int:
+    """Every message refused as bad input: the topic contract's (the loop's counters) and a
+    spec robot's (its step source's), the same counters ``status`` reports."""
+    return sum(value for counters in (loop.counters, loop.step_counters)
+               for name, value in counters.items() if name.startswith("rejected"))
 
 
 def diagnostics(

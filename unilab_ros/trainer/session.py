@@ -28,6 +28,7 @@ from unilab_ros.robot.actions import JointCommands
 from unilab_ros.robot.observation import ObservationBuilder
 from unilab_ros.robot.spec_types import RobotSpec
 from unilab_ros.robot.steps import RobotSteps
+from unilab_ros.trainer.spec_parameters import shown_actions
 
 _LOG = logging.getLogger(__name__)
 
@@ -71,12 +72,16 @@ def with_robot_spec(cfg: SessionConfig, spec: RobotSpec) -> tuple[SessionConfig,
         if value not in (getattr(defaults, name), size):
             raise ValueError(f"{name} is {value}, but robot spec {spec.name!r} makes it {size} "
                              "(leave it unset with a robot spec)")
+    # The spec's own values, as the node reports them in its parameters, are no news.
     notes = [
         f"{part}.{item.name} given as {getattr(ours, item.name)} is replaced by robot spec "
         f"{spec.name!r}'s (the spec maps actions to joint commands)"
-        for part, ours, default in (("actions", cfg.actions, ActionConfig()),
-                                    ("guard", cfg.safety, ActionSafetyConfig()))
-        for item in fields(ours) if getattr(ours, item.name) != getattr(default, item.name)
+        for part, ours, default, shown in (
+            ("actions", cfg.actions, ActionConfig(), shown_actions(spec)),
+            ("guard", cfg.safety, ActionSafetyConfig(), spec.actions.guard))
+        for item in fields(ours)
+        if getattr(ours, item.name) not in (getattr(default, item.name),
+                                            getattr(shown, item.name))
     ]
     return replace(cfg, agent=replace(given, obs_dim=obs_dim, action_dim=action_dim, num_envs=1),
                    actions=JointCommands(spec).action_config(), safety=spec.actions.guard,
