@@ -117,3 +117,19 @@ def test_the_arrays_of_the_best_moment_are_kept_while_training_goes_on():
 def test_min_episodes_must_be_positive():
     with pytest.raises(ValueError):
         BestPolicy(min_episodes=0)
+
+
+def test_a_stored_best_is_replaced_only_by_a_better_policy():
+    """A restart into a run folder compared against nothing: its first best (worse than
+    the stored one) overwrote best.safetensors."""
+    agent = make_agent()
+    stats = EpisodeStats(1)
+    best = BestPolicy(min_episodes=1)
+    best.keep_stored(-0.28, iteration=3)
+    finish(stats, [-0.64])
+    assert not best.offer(agent, stats) and best.mean_return == -0.28 and best.iteration == 3
+    finish(stats, [-0.1])
+    assert best.offer(agent, stats) and best.mean_return == pytest.approx(-0.1)
+    unset = BestPolicy(min_episodes=1)
+    unset.keep_stored(float("nan"), iteration=3)
+    assert unset.mean_return == -math.inf

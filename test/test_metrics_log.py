@@ -223,3 +223,19 @@ def test_a_full_disk_with_tensorboard_never_blocks_and_leaves_whole_rows(small_d
     assert _returns_within(lambda: write_rows(1000), 20.0)
     assert _returns_within(lambda: log.close(timeout=2.0), 6.0), "close blocked"
     assert read_metrics(folder / "metrics.csv")["iteration"][-1] == 1149
+
+
+def test_a_resumed_run_removes_the_rows_past_its_checkpoint(tmp_path):
+    """A run killed at iteration 4 after its checkpoint at 2 resumes from 2: its rows 3
+    and 4 would come twice (iterations 1, 2, 3, 4, 3, 4): they go, the rest stay."""
+    first = MetricsLog(tmp_path, tensorboard=False)
+    for iteration in (1, 2, 3, 4):
+        first.write(iteration, {"mean_return": float(iteration)})
+    first.close()
+    resumed = MetricsLog(tmp_path, tensorboard=False, resumed_at=2)
+    assert resumed.rows_removed == 2
+    resumed.write(3, {"mean_return": 30.0})
+    resumed.close()
+    metrics = read_metrics(tmp_path / "metrics.csv")
+    assert metrics["iteration"] == [1, 2, 3] and metrics["mean_return"] == [1.0, 2.0, 30.0]
+    assert [p.name for p in tmp_path.iterdir()] == ["metrics.csv"]

@@ -14,8 +14,12 @@ from rclpy.parameter import Parameter
 from ros_helpers import spin_until
 
 from unilab_ros.gym_env_node import GymEnvNode
-from unilab_ros.rl.checkpoint import Checkpoint
+from unilab_ros.metrics_log import read_metrics
+from unilab_ros.params import ConfigError
+from unilab_ros.rl.agent import AgentConfig
+from unilab_ros.rl.checkpoint import Checkpoint, save_checkpoint
 from unilab_ros.trainer.node import TrainerNode
+from unilab_ros.trainer.session import SessionConfig, build_session
 
 pytestmark = pytest.mark.ros
 
@@ -64,6 +68,82 @@ def test_a_restarted_trainer_resumes_against_a_running_environment(context, tmp_
         assert bridge.status.steps >= steps_before + NUM_STEPS
         assert Checkpoint(tmp_path / "b" / "latest.safetensors").iteration == 2
         second.destroy_node()
+    finally:
+        executor.shutdown()
+        bridge_executor.shutdown()
+        thread.join(timeout=5.0)
+        bridge.destroy_node()
+
+
+def test_a_start_in_a_folder_killed_before_its_first_checkpoint_refuses_with_one_line(
+    context, tmp_path
+):
+    """SIGKILL before checkpoint_interval, then the same command: the trainer started
+    from iteration 0 with no warning, overwrote best.safetensors (-0.28 at iteration 3)
+    with a worse one and metrics.csv read iterations 1, 2, 3, 1. Now it refuses, naming
+    the folder and the parameters that choose, and the folder is untouched."""
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "metrics.csv").write_text("iteration,mean_return\r\n1,-0.9\r\n2,-0.5\r\n3,-0.28\r\n")
+    agent = build_session(SessionConfig(AgentConfig(
+        num_envs=NUM_ENVS, obs_dim=3, action_dim=1, num_steps=NUM_STEPS))).loop.agent
+    agent.iteration = 3
+    save_checkpoint(folder / "best.safetensors", agent, {"best_mean_return": -0.28})
+    before = {path.name: path.read_bytes() for path in folder.iterdir()}
+    with pytest.raises(ConfigError) as error:
+        TrainerNode(context=context, parameter_overrides=trainer_params(str(folder)))
+    [line] = str(error.value).splitlines()
+    assert f"checkpoint_dir {folder} holds a run" in line
+    assert f"resume_from:={folder / 'best.safetensors'}" in line
+    assert "another checkpoint_dir" in line
+    assert {path.name: path.read_bytes() for path in folder.iterdir()} == before
+
+
+def test_a_restart_resumes_from_latest_and_keeps_the_better_best(context, tmp_path):
+    """A run killed after its latest checkpoint (iteration 1) but after two more metrics
+    rows, with a best policy better than any the restart can see: the restart resumes
+    from latest (iteration 1 -> 2), metrics.csv reads 1, 2 and best.safetensors is the
+    stored one (before, a new best of 3-step episodes replaced it)."""
+    folder = tmp_path / "run"
+    bridge = GymEnvNode(context=context, parameter_overrides=[
+        Parameter("num_envs", value=NUM_ENVS), Parameter("republish_period", value=0.2),
+        Parameter("max_episode_steps", value=3)])
+    bridge_executor = SingleThreadedExecutor(context=context)
+    bridge_executor.add_node(bridge)
+    thread = threading.Thread(target=bridge_executor.spin, daemon=True)
+    thread.start()
+    executor = SingleThreadedExecutor(context=context)
+    try:
+        first = TrainerNode(context=context, parameter_overrides=trainer_params(
+            str(folder), max_iterations=1))
+        executor.add_node(first)
+        assert spin_until(executor, lambda: first.finished, WAIT_S)
+        executor.remove_node(first)
+        first.destroy_node()
+        assert Checkpoint(folder / "latest.safetensors").iteration == 1
+        # What the killed run wrote after its last checkpoint: rows 2 and 3, and a best
+        # no Pendulum policy reaches (its rewards are negative).
+        with open(folder / "metrics.csv", "a", newline="") as handle:
+            header = (folder / "metrics.csv").read_text().splitlines()[0].split(",")
+            for iteration in (2, 3):
+                handle.write(",".join(str(iteration) if name == "iteration" else "0"
+                                      for name in header) + "\r\n")
+        agent = build_session(SessionConfig(AgentConfig(
+            num_envs=NUM_ENVS, obs_dim=3, action_dim=1, num_steps=NUM_STEPS))).loop.agent
+        agent.iteration = 3
+        save_checkpoint(folder / "best.safetensors", agent, {"best_mean_return": 0.0})
+        best_before = (folder / "best.safetensors").read_bytes()
+
+        second = TrainerNode(context=context, parameter_overrides=trainer_params(
+            str(folder), max_iterations=2, best_min_episodes=1))
+        assert second.agent.iteration == 1
+        executor.add_node(second)
+        assert spin_until(executor, lambda: second.finished, WAIT_S)
+        second.destroy_node()
+        assert second.stats.episodes > 0, "no episode ended: no best was offered"
+        assert read_metrics(folder / "metrics.csv")["iteration"] == [1.0, 2.0]
+        assert Checkpoint(folder / "latest.safetensors").iteration == 2
+        assert (folder / "best.safetensors").read_bytes() == best_before
     finally:
         executor.shutdown()
         bridge_executor.shutdown()

@@ -4,7 +4,14 @@ import os
 
 import pytest
 
-from unilab_ros.run_folder import namespace_folder, new_run_folder, point_latest
+from unilab_ros.run_folder import (
+    RestartPlan,
+    RunFolderError,
+    namespace_folder,
+    new_run_folder,
+    point_latest,
+    restart_plan,
+)
 
 
 @pytest.mark.parametrize(
@@ -44,3 +51,71 @@ def test_latest_moves_only_when_the_run_points_it(tmp_path):
     assert os.readlink(latest) == kept.name  # the aborted start hides nothing
     point_latest(aborted)
     assert os.readlink(latest) == aborted.name
+
+
+def _killed_run(folder, latest_iteration=None, best=True, rows=(1, 2, 3)):
+    """A run folder as SIGKILL leaves it: metrics rows, maybe a best and a latest."""
+    from unilab_ros.rl.agent import AgentConfig
+    from unilab_ros.rl.checkpoint import save_checkpoint
+    from unilab_ros.trainer.session import SessionConfig, build_session
+
+    folder.mkdir()
+    (folder / "metrics.csv").write_text(
+        "iteration,mean_return\r\n" + "".join(f"{i},-1.0\r\n" for i in rows))
+    agent = build_session(SessionConfig(AgentConfig(num_envs=2, obs_dim=3, action_dim=1,
+                                                    num_steps=4))).loop.agent
+    if best:
+        agent.iteration = 3
+        save_checkpoint(folder / "best.safetensors", agent, {"best_mean_return": -0.28})
+    if latest_iteration is not None:
+        agent.iteration = latest_iteration
+        save_checkpoint(folder / "latest.safetensors", agent)
+
+
+def test_a_new_or_empty_folder_starts_as_asked(tmp_path):
+    assert restart_plan(tmp_path / "new") == RestartPlan("")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "metrics.csv").write_text("iteration,mean_return\r\n")
+    assert restart_plan(tmp_path / "empty", resume_from="x.safetensors") == RestartPlan(
+        "x.safetensors")
+
+
+def test_a_folder_with_a_latest_checkpoint_is_resumed_from_it(tmp_path):
+    folder = tmp_path / "run"
+    _killed_run(folder, latest_iteration=2)
+    plan = restart_plan(folder, max_iterations=10)
+    assert plan.resume_from == str(folder / "latest.safetensors")
+    assert "resuming it from" in plan.note and "(iteration 2)" in plan.note
+
+
+def test_a_finished_run_is_not_trained_past_its_end(tmp_path):
+    folder = tmp_path / "run"
+    _killed_run(folder, latest_iteration=3)
+    with pytest.raises(RunFolderError, match="finished at iteration 3 of max_iterations 3: "
+                                             "raise max_iterations"):
+        restart_plan(folder, max_iterations=3)
+
+
+def test_a_folder_without_latest_is_refused_naming_what_to_give(tmp_path):
+    folder = tmp_path / "run"
+    _killed_run(folder)
+    with pytest.raises(RunFolderError) as error:
+        restart_plan(folder)
+    message = str(error.value)
+    assert message.startswith(f"checkpoint_dir {folder} holds a run (best.safetensors, "
+                              "metrics.csv to iteration 3) but no latest.safetensors")
+    assert f"resume_from:={folder / 'best.safetensors'}" in message
+    bare = tmp_path / "metrics_only"
+    _killed_run(bare, best=False)
+    with pytest.raises(RunFolderError) as error:
+        restart_plan(bare)
+    assert "resume_from" not in str(error.value) and "another checkpoint_dir" in str(error.value)
+
+
+def test_fine_tuning_into_a_folder_with_a_run_is_refused_and_resume_from_goes_on(tmp_path):
+    folder = tmp_path / "run"
+    _killed_run(folder, latest_iteration=2)
+    with pytest.raises(RunFolderError, match="finetune.init_from starts a new run"):
+        restart_plan(folder, init_from="policy.safetensors")
+    chosen = str(folder / "best.safetensors")
+    assert restart_plan(folder, resume_from=chosen).resume_from == chosen

@@ -146,13 +146,20 @@ class MetricsLog:
     """Appends one CSV row per iteration; the columns are fixed by the first row.
 
     A folder or disk that refuses writes (read-only, full) does not stop training: the
-    failure is logged once and counted in ``failures``, and later rows are tried again. A
-    row is appended whole or not at all, so a full disk never leaves half a row. A run
-    folder removed while training is made again, the CSV with its header and TensorBoard
-    with a new event file (counted too: the earlier rows are gone).
+    failure is logged once and counted in ``failures``; later CSV rows are tried again,
+    while TensorBoard stays off for the run. A row is appended whole or not at all, so a
+    full disk never leaves half a row. A run folder removed while training is made again,
+    the CSV with its header and TensorBoard with a new event file (counted too: the
+    earlier rows are gone).
+
+    ``resumed_at``: the iteration a resumed run continues from. The rows of later
+    iterations (written before a crash, after its last checkpoint) are removed from an
+    existing CSV (``rows_removed``), so its iterations only ever go up.
     """
 
-    def __init__(self, folder: str | Path, tensorboard: bool = True) -> None:
+    def __init__(
+        self, folder: str | Path, tensorboard: bool = True, resumed_at: int | None = None
+    ) -> None:
         self.folder = Path(folder)
         self.csv_path = self.folder / "metrics.csv"
         self.tensorboard_folder = self.folder / "tensorboard"
@@ -164,11 +171,15 @@ class MetricsLog:
         self._columns: list[str] | None = None
         self._csv_behind = False
         self._events: _EventFile | None = None
+        self.rows_removed = 0
+        """Rows past ``resumed_at`` removed from an existing CSV."""
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
             if self.csv_path.exists() and self.csv_path.stat().st_size > 0:
                 with open(self.csv_path, newline="") as handle:
                     self._columns = next(csv.reader(handle), None)
+                if resumed_at is not None:
+                    self.rows_removed = _keep_rows_through(self.csv_path, resumed_at)
         except OSError as error:
             self._failed("csv", f"cannot write {self.csv_path}: {error}")
         self._csv_thread: _WriterThread | None = _WriterThread(
@@ -295,6 +306,36 @@ class MetricsLog:
         if self._events is not None:
             self._events.close()
             self._events = None
+
+
+def _keep_rows_through(path: Path, iteration: int) -> int:
+    """Remove the rows of ``path`` whose iteration is past ``iteration`` (the file is
+    replaced atomically: a crash leaves the old one whole); returns how many."""
+    with open(path, newline="") as handle:
+        lines = handle.read().splitlines(keepends=True)
+    header = next(csv.reader(lines[:1]), [])
+    if "iteration" not in header:
+        return 0
+    column = header.index("iteration")
+    kept = lines[:1]
+    for line in lines[1:]:
+        fields = next(csv.reader([line]), [])
+        try:
+            later = float(fields[column]) > iteration
+        except (IndexError, ValueError):
+            later = False  # a broken row: read_metrics skips it anyway
+        if not later:
+            kept.append(line)
+    removed = len(lines) - len(kept)
+    if removed:
+        temporary = path.with_name(f".{path.name}.{os.getpid()}")
+        try:
+            with open(temporary, "w", newline="") as handle:
+                handle.write("".join(kept))
+            os.replace(temporary, path)
+        finally:
+            temporary.unlink(missing_ok=True)
+    return removed
 
 
 def read_metrics(csv_path: str | Path) -> dict[str, list[float]]:

@@ -9,16 +9,101 @@ other's), so each run gets ``<root>/<group>/<YYYYmmdd-HHMMSS>-<pid>/``, and
 A run that stops before writing anything (a bad parameter, a missing file) must not
 hide the previous run behind ``latest``: create the folder with ``link_latest=False``
 and call ``point_latest`` once it holds a checkpoint or a metrics row.
+
+A folder given by name (``checkpoint_dir``, ``sim_train --output``) may hold an earlier
+run; ``restart_plan`` decides what a new start there does: continue it, or refuse with
+one line, never train over it from iteration 0.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
+
+from unilab_ros.metrics_log import read_metrics
+from unilab_ros.rl.checkpoint import Checkpoint
 
 DEFAULT_NAMESPACE_FOLDER = "default"
 LATEST_LINK = "latest"
+LATEST_CHECKPOINT = "latest.safetensors"
+BEST_CHECKPOINT = "best.safetensors"
+
+
+class RunFolderError(ValueError):
+    """A start that would overwrite the run its folder holds: one line, naming the folder
+    and the parameters that choose."""
+
+
+@dataclass(frozen=True)
+class RestartPlan:
+    """What a start in a named folder does."""
+
+    resume_from: str
+    """The training checkpoint to continue ("" for a fresh start)."""
+    note: str = ""
+    """A line for the operator when the folder held a run ("" otherwise)."""
+
+
+def run_files(folder: Path) -> list[str]:
+    """What of a training run ``folder`` holds: its checkpoints and a metrics.csv with
+    rows (empty for a new or empty folder)."""
+    if not folder.is_dir():
+        return []
+    held = sorted(path.name for path in folder.glob("*.safetensors")
+                  if path.name in (LATEST_CHECKPOINT, BEST_CHECKPOINT)
+                  or path.name.startswith("checkpoint_"))
+    metrics = folder / "metrics.csv"
+    try:
+        rows = read_metrics(metrics).get("iteration", []) if metrics.is_file() else []
+    except (OSError, UnicodeDecodeError):
+        rows = [0.0]  # unreadable, but there: a run wrote it
+    if rows:
+        held.append(f"metrics.csv to iteration {int(max(rows))}")
+    return held
+
+
+def restart_plan(
+    folder: Path, resume_from: str = "", init_from: str = "", max_iterations: int = 0
+) -> RestartPlan:
+    """What a start writing into ``folder`` does, given the ``resume_from``,
+    ``finetune.init_from`` and ``max_iterations`` parameters:
+
+    - a folder with no run in it: as asked;
+    - ``resume_from`` given: the run goes on from that checkpoint (the caller removes
+      metrics rows past its iteration; a better stored best is kept);
+    - else ``latest.safetensors`` there: resumed from it (refused when that run already
+      reached ``max_iterations``);
+    - else (killed before its first checkpoint, or a fine-tuning start): refused.
+
+    Raises RunFolderError with the line, or ``CheckpointError`` for a latest that cannot
+    be read (the file and the reason).
+    """
+    held = run_files(folder)
+    if not held:
+        return RestartPlan(resume_from)
+    what = f"checkpoint_dir {folder} holds a run ({', '.join(held)})"
+    fresh = ("give another checkpoint_dir (none: a new run folder under runs_root), or "
+             "remove this one")
+    if init_from:
+        raise RunFolderError(f"{what}: finetune.init_from starts a new run; {fresh}")
+    if resume_from:
+        return RestartPlan(resume_from, f"{what}: it goes on from {resume_from}")
+    latest = folder / LATEST_CHECKPOINT
+    if latest.is_file():
+        iteration = Checkpoint(latest).iteration
+        if max_iterations and iteration >= max_iterations:
+            raise RunFolderError(
+                f"{what}, finished at iteration {iteration} of max_iterations "
+                f"{max_iterations}: raise max_iterations to go on with it, or {fresh}")
+        return RestartPlan(str(latest), f"{what}: resuming it from {latest} (iteration "
+                                        f"{iteration})")
+    best = folder / BEST_CHECKPOINT
+    from_best = f"resume_from:={best} to go on from its best policy, or " if best.is_file() \
+        else ""
+    raise RunFolderError(f"{what} but no {LATEST_CHECKPOINT} to resume (stopped before its "
+                         f"first checkpoint?): give {from_best}{fresh}")
 
 
 def namespace_folder(namespace: str) -> str:

@@ -29,6 +29,13 @@ class BestPolicy:
         self.env_steps = 0
         self.parameters: dict | None = None
 
+    def keep_stored(self, mean_return: float, iteration: int) -> None:
+        """A best kept earlier (the ``best.safetensors`` of the run folder a new run
+        writes into): only a higher mean return replaces it. A non-finite score keeps none."""
+        if math.isfinite(mean_return):
+            self.mean_return = mean_return
+            self.iteration = iteration
+
     def offer(self, agent: PPOAgent, stats: EpisodeStats) -> bool:
         """True when the agent's current policy is the new best."""
         returns = list(stats.finished_returns)

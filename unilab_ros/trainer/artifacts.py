@@ -3,11 +3,16 @@ metrics (ROS-free).
 
 Every checkpoint write is atomic (``rl.checkpoint``); a disk that refuses one is counted
 (``save_failures``), its first error of each kind logged, and training goes on.
+
+A start in a folder that holds a run (``restart``) resumes it or refuses (see
+``run_folder.restart_plan``); a resumed run's metrics.csv loses the rows past the
+iteration it resumes from, and its ``best.safetensors`` is replaced only by a better one.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +22,15 @@ from unilab_ros.rl.actions import ActionConfig
 from unilab_ros.rl.agent import PPOAgent
 from unilab_ros.rl.best import BestPolicy
 from unilab_ros.rl.bundle import bundle_from_agent, save_bundle
-from unilab_ros.rl.checkpoint import remove_stale_temporaries, save_checkpoint
+from unilab_ros.rl.checkpoint import (
+    Checkpoint,
+    CheckpointError,
+    remove_stale_temporaries,
+    save_checkpoint,
+)
 from unilab_ros.rl.episodes import EpisodeStats
-from unilab_ros.run_folder import new_run_folder, point_latest
+from unilab_ros.run_folder import BEST_CHECKPOINT, new_run_folder, point_latest, restart_plan
+from unilab_ros.trainer.session import SessionConfig
 
 Log = Callable[[str, str], None]
 """``log(level, text)``, level ``info`` or ``error``."""
@@ -35,6 +46,38 @@ def output_folder(checkpoint_dir: str, runs_root: str, namespace: str) -> tuple[
     return new_run_folder(Path(runs_root), namespace, link_latest=False), True
 
 
+@dataclass
+class Restart:
+    """How a session starts in its folder: the best policy to beat, and what to say."""
+
+    best: BestPolicy
+    notes: list[str]
+
+
+def restart(checkpoint_dir: str, cfg: SessionConfig) -> tuple[SessionConfig, Restart]:
+    """``cfg`` for a start in ``checkpoint_dir`` (none: a new run folder, a fresh start):
+    resuming the run the folder holds, or refused (RunFolderError, a ValueError; a latest
+    checkpoint that cannot be read is a CheckpointError). The best policy starts from the
+    folder's ``best.safetensors`` score, so only a better one replaces that file."""
+    best = BestPolicy(cfg.best_min_episodes)
+    if not checkpoint_dir:
+        return cfg, Restart(best, [])
+    folder = Path(checkpoint_dir)
+    plan = restart_plan(folder, cfg.resume_from, cfg.fine_tune.init_from,
+                        cfg.loop.max_iterations)
+    notes = [plan.note] if plan.note else []
+    stored = folder / BEST_CHECKPOINT
+    if stored.is_file():
+        try:
+            kept = Checkpoint(stored)
+            best.keep_stored(float(kept.extra["best_mean_return"]), kept.iteration)
+            notes.append(f"{stored} (mean return {best.mean_return:.2f} at iteration "
+                         f"{best.iteration}) is replaced only by a better policy")
+        except (CheckpointError, KeyError, TypeError, ValueError) as error:
+            notes.append(f"{stored} cannot be read ({error}): the next best replaces it")
+    return replace(cfg, resume_from=plan.resume_from), Restart(best, notes)
+
+
 class RunArtifacts:
     """Writes the run's checkpoints, bundles and metrics into ``folder``."""
 
@@ -45,7 +88,8 @@ class RunArtifacts:
     ) -> None:
         """``run_folder``: ``folder`` is a new run's (``output_folder``), which ``latest``
         points to once the run wrote a metrics row or a checkpoint there; ``robot``: the
-        robot spec's payload (``robot.payload``) every checkpoint and bundle carries."""
+        robot spec's payload (``robot.payload``) every checkpoint and bundle carries. The
+        metrics rows past ``agent``'s iteration (a resumed run's) are removed."""
         self.folder = folder
         self._unlinked = run_folder
         self._agent = agent
@@ -61,7 +105,10 @@ class RunArtifacts:
             stale = []
         if stale:
             log("info", f"removed {len(stale)} temporary file(s) of saves that never finished")
-        self.metrics = MetricsLog(folder, tensorboard)
+        self.metrics = MetricsLog(folder, tensorboard, resumed_at=agent.iteration)
+        if self.metrics.rows_removed:
+            log("info", f"{self.metrics.csv_path}: removed {self.metrics.rows_removed} row(s) "
+                        f"past iteration {agent.iteration}, where this run resumes")
 
     def save(self, reason: str, status: dict[str, Any], stats: EpisodeStats) -> Path | None:
         """Write the training checkpoint (and ``latest``); returns the iteration's file,

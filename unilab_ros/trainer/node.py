@@ -49,7 +49,7 @@ from unilab_ros.robot.payload import robot_payload
 from unilab_ros.robot.spec import SpecError
 from unilab_ros.sim_pause import SimPause
 from unilab_ros.trainer import reports
-from unilab_ros.trainer.artifacts import RunArtifacts, output_folder
+from unilab_ros.trainer.artifacts import RunArtifacts, output_folder, restart
 from unilab_ros.trainer.messages_in import RobotInput
 from unilab_ros.trainer.parameters import LiveParameters, read_parameters
 from unilab_ros.trainer.services import TrainerServices
@@ -95,7 +95,8 @@ class TrainerNode(Node):
         self.cfg, session_cfg, output_cfg = read_parameters(self)
         try:
             session_cfg, spec_notes = robot_spec_session(self.cfg.robot_spec, session_cfg)
-            session = build_session(session_cfg)
+            session_cfg, start = restart(self.cfg.checkpoint_dir, session_cfg)
+            session = build_session(session_cfg, start.best)
         except (ValueError, CheckpointError, SpecError, FileNotFoundError) as error:
             raise ConfigError(str(error)) from None
         if session.warm_up_seconds is not None:
@@ -106,7 +107,7 @@ class TrainerNode(Node):
             )
         if session_cfg.fine_tune.init_from:
             self.get_logger().info(f"fine-tuning from {session_cfg.fine_tune.init_from}")
-        for note in spec_notes + session.notes:
+        for note in spec_notes + session.notes + start.notes:
             self.get_logger().warning(note)
         self.loop: TrainingLoop = session.loop
         self.num_envs, self.obs_dim = self.loop.actions.safe.shape[0], session_cfg.agent.obs_dim
