@@ -9,6 +9,10 @@ on sim time, and the trainer reading the robot spec.
 `imu`, `odom`, site poses as the spec says), acts at the spec's control rate on sim time,
 commands the robot's controller topic and resets it through its `reset` service. The
 launch ends when the trainer does (max_iterations, or a failure: then with an error).
+
+`namespace` puts both nodes in one namespace: their topics and services (the robot's
+`pause_physics`, which the shipped trainer files name relatively) move there together.
+`/clock` stays global, so one simulated world runs per ROS graph (ROS_DOMAIN_ID).
 """
 
 from pathlib import Path
@@ -27,7 +31,8 @@ from unilab_ros.launch_support import ends_the_launch
 def _robot_node(context: LaunchContext, params_file: str) -> Node:
     return Node(
         package='unilab_ros', executable='mujoco_robot_node', name='mujoco_robot',
-        output='screen', ros_arguments=['--log-level', LaunchConfiguration('log_level')],
+        namespace=LaunchConfiguration('namespace'), output='screen',
+        ros_arguments=['--log-level', LaunchConfiguration('log_level')],
         parameters=[params_file, {
             'real_time_factor': ParameterValue(LaunchConfiguration('real_time_factor'),
                                                value_type=float)}])
@@ -43,7 +48,8 @@ def _trainer(context: LaunchContext, params_file: str) -> Node:
         if value.perform(context)}}
     return Node(
         package='unilab_ros', executable='trainer_node', name='unilab_trainer',
-        output='screen', ros_arguments=['--log-level', LaunchConfiguration('log_level')],
+        namespace=LaunchConfiguration('namespace'), output='screen',
+        ros_arguments=['--log-level', LaunchConfiguration('log_level')],
         parameters=[params_file, overrides])
 
 
@@ -80,6 +86,10 @@ def generate_launch_description() -> LaunchDescription:
         DeclareLaunchArgument(
             'checkpoint_dir', default_value='',
             description='Trainer output folder; empty: runs/default/<time>-<pid>/'),
+        DeclareLaunchArgument(
+            'namespace', default_value='',
+            description='Namespace of both nodes (topics and the robot\'s services move '
+                        'with it); empty: none'),
         DeclareLaunchArgument(
             'log_level', default_value='info',
             choices=['debug', 'info', 'warn', 'error', 'fatal'],

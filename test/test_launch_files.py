@@ -31,7 +31,7 @@ EXPECTED_ARGUMENTS = {
     'mujoco_robot.launch.py': {'robot', 'num_robots', 'real_time_factor', 'params_file',
                                'use_sim_time', 'log_level'},
     'robot_train.launch.py': {'robot', 'real_time_factor', 'params_file', 'seed',
-                              'max_iterations', 'checkpoint_dir', 'log_level'},
+                              'max_iterations', 'checkpoint_dir', 'namespace', 'log_level'},
 }
 LAUNCH_FILES = sorted(EXPECTED_ARGUMENTS)
 

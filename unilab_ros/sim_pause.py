@@ -44,6 +44,17 @@ class SimPause:
         simulator whose service still looks ready); False when none was sent."""
 
     @property
+    def configured(self) -> list[str]:
+        """The resolved names of the configured services."""
+        return [client.srv_name for client in (self._pause, self._resume)
+                if client is not None]
+
+    def missing(self) -> list[str]:
+        """The configured services not discovered (yet)."""
+        return [client.srv_name for client in (self._pause, self._resume)
+                if client is not None and not client.service_is_ready()]
+
+    @property
     def can_resume(self) -> bool:
         """A resume service is configured."""
         return self._resume is not None

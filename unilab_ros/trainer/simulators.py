@@ -1,6 +1,9 @@
 """The simulators of a trainer's robots: paused and resumed around each update, one after
 the other, and resumed once at start (a trainer killed during an update left them
-paused: they would wait out their max_pause before stepping again)."""
+paused: they would wait out their max_pause before stepping again). A configured service
+not found ``SERVICE_CHECK_S`` after start is an error line naming it (once, counted): the
+robot would run on through every update, so the trainer must not go on silently (a
+trainer in a namespace resolves a relative name under it, an absolute one not)."""
 
 from __future__ import annotations
 
@@ -17,6 +20,8 @@ from unilab_ros.sim_pause import SimPause
 START_RESUME_WINDOW = 10.0
 """Seconds after start during which the trainer resumes each simulator it can, as soon as
 its resume service is discovered."""
+SERVICE_CHECK_S = 5.0
+"""Seconds after start by which every configured simulator service should be discovered."""
 
 
 class Simulators:
@@ -38,6 +43,12 @@ class Simulators:
         self._start_timer = node.create_timer(
             0.1, self._resume_at_start, clock=Clock(clock_type=ClockType.STEADY_TIME),
             autostart=bool(self._unresumed))
+        self.missing_services: list[str] = []
+        """The configured services not found at the start check."""
+        self._check_timer = node.create_timer(
+            SERVICE_CHECK_S, self._check_services,
+            clock=Clock(clock_type=ClockType.STEADY_TIME),
+            autostart=any(sim.configured for sim in sims))
 
     @property
     def calls_failed(self) -> int:
@@ -66,6 +77,22 @@ class Simulators:
             self._call(robots[1:], call, then)
 
         getattr(sim, call)(then=next_robot)
+
+    def _check_services(self) -> None:
+        """Name each configured service not discovered by now (see the module docstring)."""
+        self._check_timer.cancel()
+        if not self._node.context.ok():
+            return
+        for sim in self.sims:
+            for name in sim.missing():
+                self.missing_services.append(name)
+                sim.calls_failed += 1
+                self._node.get_logger().error(
+                    f"simulator service {name} not found {SERVICE_CHECK_S:g} s after start: "
+                    "the robot will run on through every update (its steps during one are "
+                    "lost); check pause_service / resume_service: a relative name resolves "
+                    f"under this node's namespace '{self._node.get_namespace()}', an "
+                    "absolute one (/pause_physics) does not")
 
     def _resume_at_start(self) -> None:
         """Resume each simulator once its service is discovered (within
