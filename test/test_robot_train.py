@@ -22,13 +22,18 @@ from sensor_msgs.msg import JointState
 from std_msgs.msg import Float64MultiArray, String
 from std_srvs.srv import Empty, Trigger
 
+import unilab_ros.robot_link as robot_link
 from unilab_ros.params import ConfigError
 from unilab_ros.policy_node import PolicyNode
+from unilab_ros.rl.actions import ActionConfig
+from unilab_ros.rl.agent import AgentConfig
 from unilab_ros.rl.bundle import load_bundle, read_policy, save_bundle
 from unilab_ros.rl.onnx_export import actor_graph
+from unilab_ros.robot.actions import JointCommands
 from unilab_ros.robot.payload import robot_payload, spec_of
 from unilab_ros.robot.spec import load_spec
 from unilab_ros.trainer.node import TrainerNode
+from unilab_ros.trainer.session import SessionConfig, with_robot_spec
 
 pytestmark = pytest.mark.ros
 
@@ -335,3 +340,93 @@ def test_the_spec_mapping_replaces_action_parameters_given_beside_it(context, tm
     assert node.loop.actions.scale.tolist() == [1.0]
     assert node.loop.actions.high.tolist() == [0.5] and node.loop.actions.low.tolist() == [-0.5]
     assert node.loop.actions.safe.tolist() == [[0.125]]
+
+
+def test_absurd_values_are_rejected_and_counted_once_for_status_and_progress_line(
+        context, tmp_path, rig_factory):
+    """Issue 41 (8, 9): 1e150 positions reached the reward (-inf, an update lost), and the
+    progress line said "rejected 0" while ~/status counted thousands."""
+    robot = FakeRobot(context)
+    spec = spec_file(tmp_path, terminations=[{"kind": "episode_length", "max_steps": 1000}])
+    rig = rig_factory(trainer(context, tmp_path, spec, num_steps=1000), robot)
+    steps = rig.node.loop.robots[0].source
+    assert rig.spin_until(lambda: steps.counters["steps_completed"] >= 2)
+    robot.position = 1e150
+    assert rig.spin_until(lambda: steps.counters["rejected_messages"] >= 5)
+    assert rig.node.status()["rejected_messages"] == steps.counters["rejected_messages"]
+    assert rig.node.status()["robots"]["tiny"]["rejected_messages"] >= 5
+    rig.node.report.values({})
+    line = rig.node.report.line({"update_time": 0.0, "approx_kl": 0.0, "approx_kl_max": 0.0,
+                                 "learning_rate_min": 0.0, "learning_rate_max": 0.0})
+    assert line.endswith(f"rejected {rig.node.status()['rejected_messages']}"), line
+
+
+def test_parameters_show_the_sizes_mapping_and_message_the_spec_decided(
+        context, tmp_path, rig_factory):
+    """Issue 41 (9): `ros2 param get/dump` showed the params file's obs_dim, action limits
+    and float32 while the spec ran others; a dump reused as a params file must start the
+    same run, without a note that anything was replaced."""
+    node = trainer(context, tmp_path, spec_file(tmp_path))
+    rig_factory(node, FakeRobot(context))
+    shown = {name: node.get_parameter(name).value for name in (
+        "obs_dim", "action_dim", "action_scale", "action_low", "action_high", "safe_action",
+        "action_msg_type")}
+    assert shown["obs_dim"] == 3 and shown["action_dim"] == 1
+    assert list(shown["action_scale"]) == [2.0] and list(shown["safe_action"]) == [SAFE]
+    assert list(shown["action_low"]) == [-1.0] and list(shown["action_high"]) == [1.0]
+    assert shown["action_msg_type"] == "float64"
+    dumped = ActionConfig(*(list(shown[k]) for k in ("action_scale", "action_low",
+                                                       "action_high", "safe_action")))
+    spec = load_spec(spec_file(tmp_path))
+    cfg, notes = with_robot_spec(SessionConfig(agent=AgentConfig(obs_dim=3, action_dim=1),
+                                               actions=dumped), spec)
+    assert notes == [] and cfg.actions == JointCommands(spec).action_config()
+
+
+def test_a_missing_joint_is_an_error_repeated_while_waiting_and_throttled(
+        context, tmp_path, rig_factory, monkeypatch):
+    """Issue 41 (9): one error, then "waiting for the first observation" for ever; and the
+    mismatch ERROR was not throttled (351 lines in 5 s)."""
+    monkeypatch.setattr(robot_link, "WARN_PERIOD", 0.3)
+    robot = FakeRobot(context, names=("b", "c"))
+    rig = rig_factory(trainer(context, tmp_path, spec_file(tmp_path)), robot)
+    link = rig.node._robots[0].input.link
+    lines: list[str] = []
+    logger = rig.node.get_logger()
+    monkeypatch.setattr(rig.node, "get_logger", lambda: type("L", (), {
+        "error": lambda _self, text: lines.append(text),
+        "warning": logger.warning, "info": logger.info})())
+    rig.spin_until(lambda: False, 1.6)
+    errors = [line for line in lines if "['a'] not in joint_states" in line]
+    # 100 messages a second for 1.6 s; one line per 0.3 s.
+    assert 3 <= len(errors) <= 7, lines
+    assert link.counters["joint_mismatches"] >= 100
+    assert "'a'" in rig.node.status()["robots"]["tiny"]["joint_error"]
+
+
+def test_a_stamp_ahead_of_a_backlogged_clock_is_held_not_rejected(
+        context, tmp_path, rig_factory):
+    """Issue 41 (7): after every update one joint state was refused as "ahead of the node
+    clock: the publisher uses another clock": its /clock was still queued behind it. It is
+    held until the clock catches up; one from another clock is still refused."""
+    robot = FakeRobot(context)
+    spec = spec_file(tmp_path, terminations=[{"kind": "episode_length", "max_steps": 1000}])
+    rig = rig_factory(trainer(context, tmp_path, spec, num_steps=1000), robot)
+    link = rig.node._robots[0].input.link
+    steps = rig.node.loop.robots[0].source
+    assert rig.spin_until(lambda: steps.counters["steps_completed"] >= 2)
+    ahead = JointState(name=robot.names, position=[9.0, -0.1, 0.5], velocity=[0.0] * 3)
+    ahead.header.stamp = (rig.node.get_clock().now() + rclpy.duration.Duration(seconds=1.5)
+                          ).to_msg()
+    link._on_message("joints", "joint_state", ahead)
+    assert link.counters["held_ahead_of_clock"] == 1
+    assert rig.spin_until(lambda: "joints" not in link._held, 3.0)
+    assert steps.counters["rejected_messages"] == 0
+    # A publisher whose every stamp is far ahead: refused once the grace is over.
+    robot.silent = True
+    far = JointState(name=robot.names, position=[9.0, -0.1, 0.5], velocity=[0.0] * 3)
+    far.header.stamp.sec = 2_000_000_000
+    link._on_message("joints", "joint_state", far)
+    rig.spin_until(lambda: False, 1.2)
+    link._on_message("joints", "joint_state", far)
+    assert steps.counters["rejected_messages"] == 1
