@@ -430,3 +430,13 @@ def test_a_stamp_ahead_of_a_backlogged_clock_is_held_not_rejected(
     rig.spin_until(lambda: False, 1.2)
     link._on_message("joints", "joint_state", far)
     assert steps.counters["rejected_messages"] == 1
+
+
+def test_stale_data_from_sim_time_tells_a_wall_clock_node_about_use_sim_time():
+    """Issue 41 (9): run without use_sim_time against a sim-clock robot, the stale-data
+    warning gave no hint."""
+    from unilab_ros.trainer.spec_robot import stale_line
+    wall = stale_line({"joints": 1.7e9}, sim_time=False)
+    assert "use_sim_time:=true" in wall
+    assert "use_sim_time" not in stale_line({"joints": 0.15}, sim_time=False)
+    assert "another clock" in stale_line({"joints": 5e4}, sim_time=True)

@@ -219,3 +219,25 @@ def test_a_trainer_resumes_a_simulator_left_paused_at_its_start(context, tmp_pat
         thread.join(timeout=5.0)
         trainer.destroy_node()
         bridge.destroy_node()
+
+
+def test_a_configured_pause_service_not_found_is_an_error_naming_it(
+        context, tmp_path, monkeypatch):
+    """Issue 41 (9): under a namespace the trainer trained without pausing, without a word
+    (an absolute /pause_physics where the robot offered /ns/pause_physics). A relative name
+    resolves under the node's namespace; one not found after start is named and counted."""
+    import unilab_ros.trainer.simulators as simulators
+    monkeypatch.setattr(simulators, "SERVICE_CHECK_S", 0.3)
+    trainer = TrainerNode(context=context, namespace="ns", parameter_overrides=overrides({
+        **TINY_TRAINER, "checkpoint_dir": str(tmp_path / "checkpoints"),
+        "pause_service": "pause_physics", "resume_service": "/unpause_physics"}))
+    executor = SingleThreadedExecutor(context=context)
+    executor.add_node(trainer)
+    try:
+        sims = trainer._simulators
+        assert spin_until(executor, lambda: sims.missing_services, 5.0)
+        assert sims.missing_services == ["/ns/pause_physics", "/unpause_physics"]
+        assert trainer.status()["sim_service_failures"] == 2
+    finally:
+        executor.shutdown()
+        trainer.destroy_node()

@@ -46,12 +46,14 @@ class SimPause:
     @property
     def configured(self) -> list[str]:
         """The resolved names of the configured services."""
-        return [client.srv_name for client in (self._pause, self._resume)
-                if client is not None]
+        return [self._node.resolve_service_name(client.srv_name)
+                for client in (self._pause, self._resume) if client is not None]
 
     def missing(self) -> list[str]:
-        """The configured services not discovered (yet)."""
-        return [client.srv_name for client in (self._pause, self._resume)
+        """The resolved names of the configured services not discovered (yet): a relative
+        name is under the node's namespace."""
+        return [self._node.resolve_service_name(client.srv_name)
+                for client in (self._pause, self._resume)
                 if client is not None and not client.service_is_ready()]
 
     @property
