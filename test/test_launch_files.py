@@ -240,14 +240,17 @@ def test_deploy_stopped_with_ctrl_c_exits_0(ros2_launch, tmp_path):
 
 
 def test_robot_train_trains_the_cartpole_through_standard_messages(ros2_launch, tmp_path):
+    """In a namespace (issue 41, 9: the trainer trained there without pausing, its files
+    naming the root's /pause_physics): both nodes move, and the pause is found."""
     params = tmp_path / 'cartpole.yaml'
     params.write_text((PACKAGE_ROOT / 'config' / 'robot_train' / 'cartpole.yaml').read_text()
                       .replace('num_steps: 2048', 'num_steps: 256'))
     launch = ros2_launch('robot_train.launch.py', 'robot:=cartpole', f'params_file:={params}',
-                         'max_iterations:=1', 'real_time_factor:=4.0',
+                         'max_iterations:=1', 'real_time_factor:=4.0', 'namespace:=arm1',
                          f'checkpoint_dir:={tmp_path / "run"}')
     output = _output(launch, timeout=120.0)
     assert launch.returncode == 0, output[-3000:]
+    assert 'simulator service' not in output, output[-3000:]
     assert "robot spec 'cartpole'" not in output or 'Traceback' not in output
     assert 'iter     1 | steps      256' in output, output[-3000:]
     assert 'finished 1 iterations' in output, output[-3000:]
