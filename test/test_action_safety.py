@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from unilab_ros.loop.action_safety import ActionGuard, ActionSafetyConfig
+from unilab_ros.loop.action_safety import ActionGuard, ActionSafetyConfig, stricter
 
 SAFE = np.array([[0.5, -0.5], [0.5, -0.5]], np.float32)
 TARGET = np.array([[2.0, 1.5], [-1.0, -0.5]], np.float32)
@@ -92,3 +92,28 @@ def test_all_three_together_stay_between_safe_and_target():
 def test_bad_settings_are_refused_with_a_reason(cfg, reason):
     with pytest.raises(ValueError, match=reason):
         ActionGuard(cfg, SAFE)
+
+
+def test_the_rate_limit_holds_exactly_as_written_despite_float32_rounding():
+    """Issue 41: float32(0.1) is above 0.1 and last + step rounds, so a limit of 0.1 let
+    actions move 0.1000000015 (a command-unit limit an operator measures exactly)."""
+    guard = ActionGuard(ActionSafetyConfig(max_action_change=[0.1]), SAFE)
+    rng = np.random.default_rng(3)
+    previous = SAFE.astype(np.float64)
+    for _ in range(500):
+        action = guard(rng.uniform(-30.0, 30.0, SAFE.shape).astype(np.float32))
+        assert np.abs(action.astype(np.float64) - previous).max() <= 0.1
+        previous = action.astype(np.float64)
+
+
+def test_stricter_keeps_both_guards_per_dim():
+    """Issue 41: a deploy node's guard parameter replaced the spec's guard whole."""
+    spec = ActionSafetyConfig(max_action_change=[5.0, 0.0, 2.0], action_smoothing=0.5,
+                              blend_in_steps=3)
+    operator = ActionSafetyConfig(max_action_change=[1.0], blend_in_steps=25)
+    both = stricter(spec, operator, 3)
+    assert both.max_action_change == [1.0, 1.0, 1.0]
+    assert (both.action_smoothing, both.blend_in_steps) == (0.5, 25)
+    # 0 is no limit: it yields to the other's, and two 0s stay unlimited.
+    loose = ActionSafetyConfig(max_action_change=[0.0, 0.0, 3.0])
+    assert stricter(spec, loose, 3).max_action_change == [5.0, 0.0, 2.0]

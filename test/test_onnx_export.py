@@ -5,6 +5,8 @@ onnx and onnxruntime are pinned in requirements-deploy.txt, which `make setup` i
 
 from __future__ import annotations
 
+import json
+
 import mlx.core as mx
 import numpy as np
 import onnx
@@ -108,7 +110,11 @@ def test_the_command_writes_bundle_and_onnx_with_labels(tmp_path, capsys):
     assert "onnx: " in capsys.readouterr().out
     props = {prop.key: prop.value for prop in onnx.load(str(tmp_path / "policy.onnx"))
              .metadata_props}
-    assert props == {"obs_labels": "x,v"}
+    assert props["obs_labels"] == "x,v" and "action_labels" not in props
+    # The topic contract's output is the command already; the metadata says so.
+    assert props["action_output"].startswith("command:")
+    assert json.loads(props["safe_command"]) == [0.0]
+    assert "command_guard" not in props
 
 
 def test_a_source_without_action_mapping_has_no_graph(tmp_path):

@@ -9,11 +9,14 @@ safe action. The spec's reward is summed per episode (the deployed return, in
 says (its reset service, or the operator's ``~/ready``); else a time-out starts the next
 episode at once (a deployed robot keeps running) and a failure holds the safe action
 until the node is activated again. Activation starts an episode (after a reset, with
-``reset_between_episodes``).
+``reset_between_episodes``); ``activation_refusal`` says why the node must not activate:
+a robot whose joints do not match the spec, or one not heard yet (it cannot be checked).
 """
 
 from __future__ import annotations
 
+import math
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -33,6 +36,9 @@ from unilab_ros.robot_link import WARN_PERIOD, JointCommandOutput, RobotLink
 
 RETURNS_KEPT = 100
 """Finished episodes whose returns ``~/status`` lists."""
+MATCH_HOLD = 1.0
+"""Seconds after a joint_states message without the spec's joints during which the node
+still refuses to activate (two robots on one topic would otherwise pass between them)."""
 
 
 class DeployedRobot:
@@ -62,6 +68,26 @@ class DeployedRobot:
         self._last_terms: dict[str, float] = {}
         self._held = False
         self._ending = False
+        self._mismatches = 0
+        self._mismatch_at = -math.inf
+
+    def activation_refusal(self) -> str:
+        """Why the policy must not start commanding this robot (empty: every joint_states
+        source was heard with the spec's joints, and no mismatch for ``MATCH_HOLD`` s)."""
+        link = self.link
+        mismatches = link.counters["joint_mismatches"]
+        if mismatches != self._mismatches:
+            self._mismatches, self._mismatch_at = mismatches, time.monotonic()
+        if link.joint_error:
+            return f"{link.joint_error} (the spec's joints are matched by name)"
+        if time.monotonic() - self._mismatch_at < MATCH_HOLD:
+            return (f"a joint_states message without the spec's joints came within "
+                    f"{MATCH_HOLD:g} s")
+        unheard = [s.topic for s in self.steps.spec.sources
+                   if s.type == "joint_state" and s.name not in self.steps.newest]
+        if unheard:
+            return f"nothing heard on {unheard} yet: the robot's joints cannot be checked"
+        return ""
 
     def start(self) -> None:
         """Activated: a new episode on the data that arrive from now on; with

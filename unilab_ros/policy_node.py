@@ -2,18 +2,23 @@
 
 A lifecycle node (``ros2 lifecycle set /unilab_policy configure|activate|deactivate``):
 configure loads the policy bundle or checkpoint, activate starts commanding, deactivate
-sends the safe action and stops. Active, it subscribes ``observation`` and publishes
-``action`` (same contract as the trainer); sizes, architecture, observation normalizer
-and action mapping come from the bundle. ``estop`` (std_msgs/Bool) holds the safe action
-while true; a watchdog sends it when observations stop; ``ActionGuard`` rate-limits,
-smooths and blends the policy in after activation, an e-stop or a watchdog trip.
+sends the safe action and stops, shutdown ends the process. Active, it subscribes
+``observation`` and publishes ``action`` (same contract as the trainer); sizes,
+architecture, observation normalizer and action mapping come from the bundle. ``estop``
+(std_msgs/Bool) holds the safe action while true; a watchdog sends it when observations
+stop; ``ActionGuard`` rate-limits, smooths and blends the policy in after activation, an
+e-stop or a watchdog trip. Its limits are in command units (what the robot receives); a
+robot spec's guard (policy units, x |scale|) also holds, the stricter per joint.
+
+A robot spec's policy activates only on a robot whose joints match the spec
+(``DeployedRobot.activation_refusal``): ``start_state: active`` waits for one.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -28,7 +33,7 @@ from unilab_ros.action_output import ActionOutput, ActionOutputConfig
 from unilab_ros.deploy_robot import DeployedRobot
 from unilab_ros.executors import run_node
 from unilab_ros.graph_checks import RivalWatch
-from unilab_ros.loop.action_safety import ActionGuard, ActionSafetyConfig
+from unilab_ros.loop.action_safety import ActionGuard, ActionSafetyConfig, describe, stricter
 from unilab_ros.loop.counters import Counters
 from unilab_ros.loop.watchdog import Watchdog, WatchdogConfig
 from unilab_ros.messages import MessageError, read_matrix
@@ -45,11 +50,18 @@ from unilab_ros.rl.actions import ActionConfig, ActionMapper, override_actions
 from unilab_ros.rl.bundle import read_policy
 from unilab_ros.rl.model import MLPActorCritic
 from unilab_ros.rl.policy import PolicySampler
+from unilab_ros.robot.actions import JointCommands
 from unilab_ros.robot.payload import spec_of
 from unilab_ros.robot.spec_types import RobotSpec
 
 NODE_NAME = "unilab_policy"
 START_STATES = ("unconfigured", "inactive", "active")
+ACTIVATE_POLL = 0.1
+"""Seconds between checks of a spec robot's joints while ``start_state: active`` waits."""
+REFUSAL_LOG_PERIOD = 5.0
+"""Seconds between the log lines of an activation that waits for matching joints."""
+EXIT_DELAY = 0.2
+"""Seconds the process lives on after shutdown: the transition's answer leaves first."""
 
 
 @dataclass
@@ -128,6 +140,11 @@ class PolicyNode(LifecycleNode):
             ("actions", "rejected_observations", "watchdog_trips", "nonfinite_actions", "estops")
         )
         self.estopped = False
+        self.limits_in_force = ""
+        """The guard in force, in command units, for the activation's log line."""
+        self.waiting_to_activate = ""
+        """Why ``start_state: active`` has not activated yet (empty: not waiting)."""
+        self._activate_timer, self._finish_at = None, None
         self._rivals: list[str] = []
         """Other nodes that publish this node's actions (see ``graph_checks``)."""
         self._qos = topic_qos(self.cfg.qos_depth, self.cfg.qos_reliability)
@@ -152,8 +169,33 @@ class PolicyNode(LifecycleNode):
         self.destroy_timer(self._start_timer)
         self._start_timer = None
         configured = self.trigger_configure() == TransitionCallbackReturn.SUCCESS
-        if configured and self.cfg.start_state == "active":
+        if not configured or self.cfg.start_state != "active":
+            return
+        if self.robot is None:
             self.trigger_activate()
+        else:
+            self._activate_timer = self.create_timer(ACTIVATE_POLL, self._activate_when_matched,
+                                                     clock=self._steady)
+
+    def _activate_when_matched(self) -> None:
+        """``start_state: active`` with a robot spec: activate once the robot's joints
+        match; until then stay inactive (nothing published) and say why, throttled."""
+        if self.state != "inactive":  # an operator took over (cleanup, shutdown, activate)
+            self._stop_waiting()
+            return
+        self.waiting_to_activate = reason = self.robot.activation_refusal()
+        if reason:
+            self.get_logger().error(f"not activating: {reason}; activates once the robot's "
+                                    "joints match", throttle_duration_sec=REFUSAL_LOG_PERIOD)
+            return
+        self._stop_waiting()
+        self.trigger_activate()
+
+    def _stop_waiting(self) -> None:
+        if self._activate_timer is not None:
+            self.destroy_timer(self._activate_timer)
+            self._activate_timer = None
+        self.waiting_to_activate = ""
 
     def on_configure(self, state: LifecycleState) -> TransitionCallbackReturn:
         try:
@@ -163,7 +205,8 @@ class PolicyNode(LifecycleNode):
                 self._action_settings(bundle.actions), self.cfg.num_envs, self.model.action_dim
             )
             spec = spec_of(bundle.robot, self.model.obs_dim, self.model.action_dim)
-            self.guard = ActionGuard(self._safety(spec), self.actions.safe)
+            self.guard = ActionGuard(self._safety(spec, bundle.action_labels),
+                                     self.actions.safe)
         except ValueError as error:
             self.get_logger().error(f"cannot configure: {error}")
             return TransitionCallbackReturn.FAILURE
@@ -209,15 +252,18 @@ class PolicyNode(LifecycleNode):
                 "over it)"
             )
             return TransitionCallbackReturn.FAILURE
-        if self.robot is not None and self.robot.link.joint_error:
-            self.get_logger().error(f"not activated: {self.robot.link.joint_error}")
+        refusal = self.robot.activation_refusal() if self.robot is not None else ""
+        if refusal:
+            self.get_logger().error(f"not activated: {refusal}")
             return TransitionCallbackReturn.FAILURE
+        self._stop_waiting()
         self.guard.hold()
         self.watchdog.reset()
         if self.robot is not None:
             self.robot.start()
         self.state = "active"
-        self.get_logger().info("active: commanding the robot")
+        self.get_logger().info(f"active: commanding the robot; limits in force (command "
+                               f"units): {self.limits_in_force}")
         return super().on_activate(state)
 
     def on_deactivate(self, state: LifecycleState) -> TransitionCallbackReturn:
@@ -233,6 +279,9 @@ class PolicyNode(LifecycleNode):
         return TransitionCallbackReturn.SUCCESS
 
     def on_shutdown(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self._stop_waiting()
+        # Finalized is the end: the process exits (``run_node`` reads ``finished``).
+        self._finish_at = time.monotonic() + EXIT_DELAY
         if self.state == "active":
             self._publish(self.guard.hold())
             self.get_logger().info("shutting down: sent the safe action")
@@ -241,8 +290,14 @@ class PolicyNode(LifecycleNode):
         self.state = "finalized"
         return TransitionCallbackReturn.SUCCESS
 
+    @property
+    def finished(self) -> bool:
+        """Shut down (``ros2 lifecycle set ... shutdown``): the process may end."""
+        return self._finish_at is not None and time.monotonic() >= self._finish_at
+
     def _release(self) -> None:
         """Drop what configure made: the publisher, subscription, timer and the policy."""
+        self._stop_waiting()
         self._watch.close()
         if self.robot is not None:
             self.robot.destroy()
@@ -269,17 +324,28 @@ class PolicyNode(LifecycleNode):
         report_config(self, settings)
         return settings
 
-    def _safety(self, spec: RobotSpec | None) -> ActionSafetyConfig:
-        """The guard given to this node; a robot spec's policy keeps its training's guard
-        unless one of the guard's parameters is given here."""
-        if spec is None or set(given_parameters(self)) & {f.name for f in
-                                                          fields(ActionSafetyConfig)}:
-            return self.safety_cfg
-        return spec.actions.guard
+    def _safety(self, spec: RobotSpec | None, labels: list[str]) -> ActionSafetyConfig:
+        """The guard in force, in the guard's units; ``limits_in_force`` states it in
+        command units. This node's guard parameters are in command units; a robot spec's
+        guard (policy units, as the training used it) holds too: per joint the stricter."""
+        operator = self.safety_cfg
+        if spec is None:
+            names = labels or [f"action[{i}]" for i in range(self.model.action_dim)]
+            self.limits_in_force = describe(operator, names)
+            return operator
+        joints = JointCommands(spec)
+        in_force = stricter(joints.guard_in_command_units(spec.actions.guard), operator,
+                            joints.dim)
+        self.limits_in_force = (describe(in_force, list(joints.joints)) + " (the stricter of "
+                                "the spec's guard and this node's parameters)")
+        return joints.guard_in_policy_units(in_force)
 
     def _publish(self, actions: np.ndarray) -> None:
+        """Send ``actions`` (held back while a rival commands); ``actions`` in ~/status
+        counts what was sent, the policy's and the safe commands alike."""
         if not self._rivals:
             self._watch.publish(0, actions)
+            self.counters.add("actions")
 
     def _check_rivals(self) -> None:
         """While active, withhold every action while another node commands the robot."""
@@ -332,7 +398,6 @@ class PolicyNode(LifecycleNode):
                 "so far): the safe action was sent instead",
                 throttle_duration_sec=5.0,
             )
-        self.counters.add("actions")
 
     def _watchdog(self) -> None:
         silence = self.watchdog.check(time.monotonic()) if self.state == "active" else None
@@ -369,7 +434,8 @@ class PolicyNode(LifecycleNode):
     def _publish_status(self) -> None:
         if self.state == "active":
             self._check_rivals()
-        status = {"state": self.state, "estop": self.estopped, "watchdog": self.watchdog.tripped}
+        status = {"state": self.state, "estop": self.estopped, "watchdog": self.watchdog.tripped,
+                  "waiting_to_activate": self.waiting_to_activate}
         if getattr(self, "robot", None) is not None:
             status["robot"] = self.robot.status()
         self._status_pub.publish(String(data=json.dumps({**status, **self.counters})))

@@ -7,7 +7,16 @@ needs nothing but the file: normalization, the MLP and the action mapping are in
       -> clip((observation - mean) / sqrt(var + epsilon), -clip, clip)   (when enabled)
       -> Gemm, activation, ... Gemm                                      (the actor)
       -> min(max(action_scale * x, action_low), action_high)
+      -> min(max(offset + scale * x, low), high)     (a robot spec: its joint commands)
     action       float32 [batch, action_dim]
+
+A robot spec's policy (``bundle.robot``) acts in policy units (scale 1, the joint limits
+over the spec's scale); the last stage is the spec's ``actions`` mapping, as
+``robot.actions.JointCommands`` applies it (read here from the spec's JSON: the core
+imports nothing of the robot layer; a test holds the two together): offset is the default
+pose for a position interface, 0 for velocity and effort. What no stateless graph can do
+is stated in the metadata (``action_output``, ``runtime_must_apply``, ``safe_command``,
+``command_guard``): the spec's rate limit, smoothing and blend-in, and the safe command.
 
 Built with ``onnx.helper`` from the bundle's arrays, at opset 17 (IR version 8), which
 ONNX Runtime releases from 1.13 on load. Activations without an ONNX op of the same
@@ -21,6 +30,7 @@ import json
 import math
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -128,7 +138,17 @@ def actor_graph(bundle: PolicyBundle) -> onnx.ModelProto:
     mapper = ActionMapper(bundle.actions, 1, bundle.action_dim)
     x = graph.op("Mul", [x, graph.constant("action_scale", mapper.scale)])
     x = graph.op("Max", [x, graph.constant("action_low", mapper.low)])
-    graph.op("Min", [x, graph.constant("action_high", mapper.high)], output=OUTPUT_NAME)
+    joints = _joint_commands(bundle)
+    if joints is None:
+        graph.op("Min", [x, graph.constant("action_high", mapper.high)], output=OUTPUT_NAME)
+        safe = mapper.safe[0]
+    else:
+        x = graph.op("Min", [x, graph.constant("action_high", mapper.high)])
+        x = graph.op("Add", [graph.constant("joint_offset", joints.offset),
+                             graph.op("Mul", [x, graph.constant("joint_scale", joints.scale)])])
+        x = graph.op("Max", [x, graph.constant("joint_low", joints.low)])
+        graph.op("Min", [x, graph.constant("joint_high", joints.high)], output=OUTPUT_NAME)
+        safe = joints.safe
     onnx_graph = helper.make_graph(
         graph.nodes,
         "unilab_policy",
@@ -141,17 +161,76 @@ def actor_graph(bundle: PolicyBundle) -> onnx.ModelProto:
         onnx_graph,
         producer_name="unilab_ros",
         opset_imports=[helper.make_opsetid("", OPSET)],
-        doc_string="Deterministic actor: raw observation -> clipped, scaled action.",
+        doc_string="Deterministic actor: raw observation -> the command to send (scale, "
+                   "offset and limits applied).",
     )
     onnx_model.ir_version = IR_VERSION
     labels = {"obs_labels": bundle.obs_labels, "action_labels": bundle.action_labels}
     props = {name: ",".join(value) for name, value in labels.items() if value}
+    props.update(_command_props(joints, safe))
     # A robot spec's policy: the spec, and each input slice (term, joints, clip, scale,
     # history), so a C++ runtime can build the observation the training built.
     props.update({f"robot_{name}": json.dumps(value) for name, value in bundle.robot.items()})
     helper.set_model_props(onnx_model, props)
     onnx.checker.check_model(onnx_model, full_check=True)
     return onnx_model
+
+
+@dataclass
+class _JointCommands:
+    """A robot spec's action -> joint command mapping, one value per joint."""
+
+    scale: np.ndarray
+    offset: np.ndarray
+    low: np.ndarray
+    high: np.ndarray
+    safe: np.ndarray
+    guard: dict
+    """The spec's guard with its rate limit in command units (x |scale|)."""
+
+
+def _joint_commands(bundle: PolicyBundle) -> _JointCommands | None:
+    """The joint command stage of a robot spec's policy (None: the topic contract, whose
+    action mapping already gives the command)."""
+    spec = bundle.robot.get("spec")
+    if not spec:
+        return None
+    actions, n = spec["actions"], bundle.action_dim
+
+    def per_joint(values: list[float]) -> np.ndarray:
+        return np.broadcast_to(np.asarray(values, np.float64), (n,)).copy()
+
+    scale = per_joint(actions["scale"])
+    offset = (np.array([spec["default_pose"][joint] for joint in actions["joints"]],
+                       np.float64) if actions["interface"] == "position" else np.zeros(n))
+    guard = dict(actions["guard"])
+    guard["max_action_change"] = (per_joint(guard["max_action_change"])
+                                  * np.abs(scale)).tolist()
+    return _JointCommands(scale, offset, per_joint(actions["low"]), per_joint(actions["high"]),
+                          per_joint(actions["safe"]) if actions["safe"] else offset.copy(),
+                          guard)
+
+
+def _command_props(joints: _JointCommands | None, safe: np.ndarray) -> dict[str, str]:
+    """What the output is and what a runtime must add, for the model's metadata."""
+    props = {
+        "action_output": "command: the values to send, scale, offset and limits applied"
+                         + (" (the robot spec's joint commands, in robot_spec.actions.joints "
+                            "order)" if joints else ""),
+        "safe_command": json.dumps(np.asarray(safe, np.float64).tolist()),
+    }
+    if joints is None:
+        props["runtime_must_apply"] = (
+            "safe_command whenever the policy must not act (e-stop, stale or missing "
+            "observations, a non-finite output)")
+    else:
+        props["command_guard"] = json.dumps(joints.guard)
+        props["runtime_must_apply"] = (
+            "command_guard between consecutive commands (max_action_change in command "
+            "units, 0: none; action_smoothing; blend_in_steps from safe_command after a "
+            "start or a hold), and safe_command whenever the policy must not act (e-stop, "
+            "stale data, joints that do not match, a non-finite output)")
+    return props
 
 
 def save_onnx(path: str | os.PathLike[str], bundle: PolicyBundle) -> Path:

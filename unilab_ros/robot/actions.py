@@ -4,13 +4,21 @@ Float64MultiArray or a JointTrajectory with the names).
 position: default_pose + scale x action; velocity and effort: scale x action; then clipped
 to [low, high]. The safe command: the spec's ``safe``, else the default pose (position) or 0
 (velocity, effort), within the limits.
+
+Guard limits (``loop.action_safety``): a spec's ``actions.guard`` is in policy units (the
+training's guard acts on actions before this mapping); an operator's, in command units.
+``guard_in_command_units`` and ``guard_in_policy_units`` convert a guard's rate limit
+(x |scale| and back); smoothing and blend-in have no units.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
-from unilab_ros.rl.actions import ActionConfig
+from unilab_ros.loop.action_safety import ActionSafetyConfig
+from unilab_ros.rl.actions import ActionConfig, per_dim
 from unilab_ros.robot.spec import RobotSpec
 
 
@@ -48,10 +56,8 @@ class JointCommands:
         return np.clip(self.offset + self.scale * action, self.low, self.high)
 
     def policy_units(self, command: np.ndarray) -> np.ndarray:
-        """The action that maps to ``command`` (0 where a joint's scale is 0)."""
-        with np.errstate(divide="ignore", invalid="ignore"):
-            return np.where(self.scale != 0.0, (np.asarray(command) - self.offset)
-                            / self.scale, 0.0)
+        """The action that maps to ``command`` (the spec refuses a scale of 0)."""
+        return (np.asarray(command) - self.offset) / self.scale
 
     def action_config(self) -> ActionConfig:
         """The training loop's action mapping in policy units: scale 1, the joint limits
@@ -62,3 +68,21 @@ class JointCommands:
         return ActionConfig(action_scale=[1.0] * self.dim, action_low=ends[0].tolist(),
                             action_high=ends[1].tolist(),
                             safe_action=self.policy_units(self.safe).tolist())
+
+    def guard_in_command_units(self, guard: ActionSafetyConfig) -> ActionSafetyConfig:
+        """``guard`` (policy units, as the spec states it) with its rate limit in command
+        units: a change of x in an action moves the command by |scale| x."""
+        return replace(guard, max_action_change=(self._limits(guard) * np.abs(self.scale))
+                       .tolist())
+
+    def guard_in_policy_units(self, guard: ActionSafetyConfig) -> ActionSafetyConfig:
+        """``guard`` (command units) for the guard that acts on actions before the
+        mapping: each rate limit / |scale| (the spec refuses a scale of 0)."""
+        return replace(guard, max_action_change=(self._limits(guard) / np.abs(self.scale))
+                       .tolist())
+
+    def _limits(self, guard: ActionSafetyConfig) -> np.ndarray:
+        """The rate limit per joint, in float64 (as written: 0.1 stays 0.1)."""
+        per_dim("max_action_change", guard.max_action_change, self.dim)  # checks the size
+        return np.broadcast_to(np.asarray(guard.max_action_change, np.float64),
+                               (self.dim,)).copy()
