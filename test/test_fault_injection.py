@@ -31,7 +31,7 @@ from unilab_ros.trainer.node import TrainerNode
 
 pytestmark = [pytest.mark.ros, pytest.mark.learning]
 
-CI = os.environ.get("UNILAB_CI", "").strip().lower() not in ("", "0", "false")
+CI = os.environ.get("UNILAB_LEARNING", "bounded").strip().lower() != "full"
 ITERATIONS = 30 if CI else 45
 REQUIRED_RETURN = -450.0 if CI else -350.0
 """For the learned mean-action policy on 16 fresh episodes. A random policy scores about
