@@ -5,8 +5,10 @@
 
 `checkpoint` (a bundle from export_bundle, or a training checkpoint) has no default on
 purpose: a deployment must name the policy it runs. The node configures itself (it loads
-the policy) and, unless `activate:=false`, activates once configured; left inactive,
-`ros2 lifecycle set /unilab_policy activate` starts commanding.
+the policy) and, unless `activate:=false`, activates once configured (a robot spec's
+policy: once the robot's joint_states were heard with the spec's joints; until then it
+stays inactive and logs why); left inactive, `ros2 lifecycle set /unilab_policy activate`
+starts commanding, and `ros2 lifecycle set /unilab_policy shutdown` ends it.
 
 The node takes these steps itself (its `start_state` parameter) rather than the launch
 driving them with ChangeState events: those need an rclpy node inside `ros2 launch`, and
@@ -46,7 +48,8 @@ def generate_launch_description() -> LaunchDescription:
             description='YAML with unilab_policy parameters'),
         DeclareLaunchArgument(
             'activate', default_value='true', choices=['true', 'false'],
-            description='Activate the policy node once configured (false: leave it inactive)'),
+            description='Activate the policy node once configured, and for a robot spec once '
+                        'the robot\'s joints match it (false: leave it inactive)'),
         DeclareLaunchArgument(
             'use_sim_time', default_value='false', choices=['true', 'false'],
             description='Use the /clock topic (e.g. Gazebo) instead of the wall clock'),

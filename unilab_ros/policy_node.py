@@ -96,7 +96,8 @@ class PolicyNodeConfig:
     start_state: str = "unconfigured"
     """The lifecycle state the node takes itself to once started: unconfigured (a lifecycle
     manager or an operator drives it), inactive (configured) or active (configured, then
-    activated). A configure that fails leaves it unconfigured, with the reason logged."""
+    activated; a robot spec's policy once the robot's joints were heard and match). A
+    configure that fails leaves it unconfigured, with the reason logged."""
 
     def validate(self) -> None:
         if not self.checkpoint:
