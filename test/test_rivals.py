@@ -1,5 +1,6 @@
 """Two trainers on one robot (one namespace): the newcomer refuses to run, naming the
-other; the one that was there first stops acting while another node sends commands."""
+other; the one that was there first stops acting and learning while another node sends
+commands."""
 
 import threading
 import time
@@ -51,22 +52,36 @@ def test_the_newcomer_refuses_and_the_first_trainer_waits_until_it_is_gone(conte
         # acting until that node falls silent.
         steps = first.loop.step_counters["steps_completed"]
         assert spin_until(executor, lambda: first.loop.step_counters["steps_completed"]
-                          > steps + 5, 10.0), (first._rivals, first.exit_code, first.loop.phase)
+                          > steps + 5, 10.0), (first._hold.rivals, first.exit_code)
         peer = rclpy.create_node("rival_commander", context=context)
         rival = peer.create_publisher(Float32MultiArray, "action", 10)
         command = to_float32_msg(np.zeros((2, 1), np.float32), ("env", "action"))
         executor.add_node(peer)
         deadline = time.monotonic() + 5.0
-        while time.monotonic() < deadline and not first._rivals:
+        while time.monotonic() < deadline and not first._hold.rivals:
             rival.publish(command)
             spin_until(executor, lambda: False, 0.05)
-        assert any("/rival_commander" in line for line in first._rivals), first._rivals
+        rivals = first._hold.rivals
+        assert any("/rival_commander" in line for line in rivals), rivals
+        # The rival goes on commanding the robot, whose steps arrive: none is learned from
+        # (before, the trainer stored them and updated on them while "acting stopped").
+        recorded, updates = first.agent.env_steps, first.loop.updates_run
+        steps = first.loop.step_counters["steps_completed"]
+        deadline = time.monotonic() + 1.5
+        while time.monotonic() < deadline:
+            rival.publish(command)
+            spin_until(executor, lambda: False, 0.02)
+        assert first.loop.step_counters["steps_completed"] > steps + 10, "no rival's steps"
+        assert first._hold.rivals, "the rival was lost while it still commanded"
+        assert (first.agent.env_steps, first.loop.updates_run) == (recorded, updates)
+        status = first.status()
+        assert status["rival_holds"] == 1 and status["rival_steps_not_learned"] > 10
+        assert status["estops"] == 0
         executor.remove_node(peer)
         peer.destroy_node()
-        assert spin_until(executor, lambda: not first._rivals, LIVE_WINDOW + 5.0)
-        steps = first.loop.step_counters["steps_completed"]
-        assert spin_until(executor, lambda: first.loop.step_counters["steps_completed"]
-                          > steps + 5, 10.0), "the first trainer did not act again"
+        assert spin_until(executor, lambda: not first._hold.rivals, LIVE_WINDOW + 5.0)
+        assert spin_until(executor, lambda: first.agent.env_steps > recorded + 10, 10.0), (
+            "the first trainer did not act and learn again")
     finally:
         bridge_executor.shutdown()
         executor.shutdown()

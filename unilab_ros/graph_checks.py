@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -65,11 +66,17 @@ class RivalWatch:
 
     It listens on its own action topics while told to (``listen_for`` seconds from the
     start: a newcomer's own check) and while the graph names rivals; commands it sent
-    itself come back there too and are told apart by their bytes.
+    itself come back there too and are told apart by their bytes. ``on_foreign`` is
+    called on each command of another node, so a rival's first commands are acted on at
+    once rather than at the caller's next periodic ``check``.
     """
 
-    def __init__(self, node: Node, outputs: list[CommandOutput], listen_for: float) -> None:
+    def __init__(
+        self, node: Node, outputs: list[CommandOutput], listen_for: float,
+        on_foreign: Callable[[], None] | None = None,
+    ) -> None:
         self._node = node
+        self._on_foreign = on_foreign
         self._outputs = outputs
         # Best effort hears reliable and best-effort publishers alike.
         self._qos = QoSProfile(depth=10, reliability=ReliabilityPolicy.BEST_EFFORT)
@@ -120,3 +127,5 @@ class RivalWatch:
             self._own.remove(payload)
         else:
             self._foreign.append(time.monotonic())
+            if self._on_foreign is not None:
+                self._on_foreign()

@@ -52,6 +52,7 @@ from unilab_ros.trainer import reports
 from unilab_ros.trainer.artifacts import RunArtifacts, output_folder, restart
 from unilab_ros.trainer.messages_in import RobotInput
 from unilab_ros.trainer.parameters import LiveParameters, read_parameters
+from unilab_ros.trainer.rival_hold import RivalHold
 from unilab_ros.trainer.services import TrainerServices
 from unilab_ros.trainer.session import build_session
 from unilab_ros.trainer.simulators import Simulators
@@ -90,7 +91,6 @@ class TrainerNode(Node):
         self.exit_code = 0
         """Non-zero once the node refused to run on (``finished`` then ends its spin)."""
         self._started = time.monotonic()
-        self._rivals: list[str] = []
         self._first_action = True
         self.cfg, session_cfg, output_cfg = read_parameters(self)
         try:
@@ -110,6 +110,7 @@ class TrainerNode(Node):
         for note in spec_notes + session.notes + start.notes:
             self.get_logger().warning(note)
         self.loop: TrainingLoop = session.loop
+        self._hold = RivalHold(self.loop, self.get_logger())
         self.num_envs, self.obs_dim = self.loop.actions.safe.shape[0], session_cfg.agent.obs_dim
         self.watchdog_cfg = session_cfg.watchdog
         self.spec = session_cfg.robot_spec
@@ -151,7 +152,7 @@ class TrainerNode(Node):
         self._simulators = Simulators(self, [robot.sim for robot in self._robots], self.loop,
                                       self._carry_out)
         self._watch = RivalWatch(self, [robot.action_out for robot in self._robots],
-                                 NEWCOMER_WINDOW)
+                                 NEWCOMER_WINDOW, self._on_foreign_command)
         self.create_subscription(Bool, "estop", self._on_estop, qos,
                                  qos_overriding_options=overridable())
         if self.cfg.control_services:
@@ -225,12 +226,12 @@ class TrainerNode(Node):
     @while_ros_runs
     def _on_estop(self, msg: Bool) -> None:
         engaged = bool(msg.data)
-        if engaged != self.loop.estop:
+        if engaged != self._hold.operator_estop:
             self.get_logger().warning(
                 "e-stop engaged: the safe action, no learning until released" if engaged
                 else "e-stop released: the policy blends in again"
             )
-        self._carry_out(self.loop.set_estop(engaged))
+        self._carry_out(self._hold.set_operator_estop(engaged))
 
     def _carry_out(self, decisions: list[Decision]) -> None:
         for decision in decisions:
@@ -253,22 +254,16 @@ class TrainerNode(Node):
 
     def _check_rivals(self) -> None:
         """Refuse to run next to a rival found within ``NEWCOMER_WINDOW`` of the start;
-        later, withhold every action while one is there."""
-        lines = self._watch.check()
-        if lines and time.monotonic() - self._started < NEWCOMER_WINDOW:
-            self.get_logger().fatal(
-                f"cannot start: {'; '.join(lines)} (stop it, or run this trainer in a "
-                "namespace of its own)"
-            )
+        later, stop acting and learning while one is there (``RivalHold``)."""
+        newcomer = time.monotonic() - self._started < NEWCOMER_WINDOW
+        self._carry_out(self._hold.check(self._watch.check(), newcomer))
+        if self._hold.refused:
             self.exit_code = 2
-        elif lines and lines != self._rivals:
-            self.get_logger().error(
-                f"{'; '.join(lines)}: acting stopped until it is gone (two trainers on one "
-                "robot corrupt each other's steps)"
-            )
-        elif self._rivals and not lines:
-            self.get_logger().info("the rival is gone: acting again")
-        self._rivals = lines
+
+    def _on_foreign_command(self) -> None:
+        """A command of another node: a rival starts now, not at the next status tick."""
+        if not self._hold.rivals:
+            self._check_rivals()
 
     def _publish_action(self, decision: PublishAction) -> None:
         if decision.rejoined:
@@ -294,7 +289,7 @@ class TrainerNode(Node):
             # Discovery may have found a rival by now, and nothing went out yet.
             self._first_action = False
             self._check_rivals()
-        if self._rivals or self.exit_code:
+        if self._hold.rivals or self.exit_code:
             return False
         self._watch.publish(r, command)
         return True
@@ -397,7 +392,7 @@ class TrainerNode(Node):
             self.loop,
             sim_service_failures=self._simulators.calls_failed,
             metrics_log_failures=self.artifacts.metrics.failures,
-            last_save_error=self.artifacts.last_save_error,
+            last_save_error=self.artifacts.last_save_error, **self._hold.status(),
             **({"robots": robot_status([robot.input for robot in self._robots],
                                        self.cfg.robots or [""], self._now())}
                if self.spec is not None else {}),
