@@ -119,3 +119,15 @@ def test_fine_tuning_into_a_folder_with_a_run_is_refused_and_resume_from_goes_on
         restart_plan(folder, init_from="policy.safetensors")
     chosen = str(folder / "best.safetensors")
     assert restart_plan(folder, resume_from=chosen).resume_from == chosen
+
+
+def test_a_latest_that_cannot_be_read_is_refused_in_one_line(tmp_path):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "latest.safetensors").write_bytes(b"cut short by a crash")
+    with pytest.raises(RunFolderError) as error:
+        restart_plan(folder)
+    [line] = str(error.value).splitlines()
+    assert line.startswith(f"checkpoint_dir {folder} holds a run (latest.safetensors), but it "
+                           "cannot be resumed (cannot read")
+    assert "resume_from:=" in line

@@ -272,7 +272,8 @@ def test_temporary_files_of_unfinished_saves_are_removed_at_start(make_env, tmp_
     folder.mkdir()
     stale = folder / ".latest.safetensors.x1y2z3.safetensors"
     stale.write_bytes(b"partial")
-    kept = folder / "latest.safetensors"
+    # Not a run's checkpoint: a start in a folder with a run resumes it (test_restart).
+    kept = folder / "exported_policy.safetensors"
     kept.write_bytes(b"not ours to judge")
     make_env(checkpoint_dir=str(folder))
     assert not stale.exists() and kept.exists()

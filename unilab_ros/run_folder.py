@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from unilab_ros.metrics_log import read_metrics
-from unilab_ros.rl.checkpoint import Checkpoint
+from unilab_ros.rl.checkpoint import Checkpoint, CheckpointError
 
 DEFAULT_NAMESPACE_FOLDER = "default"
 LATEST_LINK = "latest"
@@ -77,8 +77,7 @@ def restart_plan(
       reached ``max_iterations``);
     - else (killed before its first checkpoint, or a fine-tuning start): refused.
 
-    Raises RunFolderError with the line, or ``CheckpointError`` for a latest that cannot
-    be read (the file and the reason).
+    Raises RunFolderError with the line (for a latest that cannot be read, its reason).
     """
     held = run_files(folder)
     if not held:
@@ -92,7 +91,11 @@ def restart_plan(
         return RestartPlan(resume_from, f"{what}: it goes on from {resume_from}")
     latest = folder / LATEST_CHECKPOINT
     if latest.is_file():
-        iteration = Checkpoint(latest).iteration
+        try:
+            iteration = Checkpoint(latest).iteration
+        except CheckpointError as error:
+            raise RunFolderError(f"{what}, but it cannot be resumed ({error}): give "
+                                 f"resume_from:=<one of its checkpoints>, or {fresh}") from None
         if max_iterations and iteration >= max_iterations:
             raise RunFolderError(
                 f"{what}, finished at iteration {iteration} of max_iterations "

@@ -56,8 +56,8 @@ class Restart:
 
 def restart(checkpoint_dir: str, cfg: SessionConfig) -> tuple[SessionConfig, Restart]:
     """``cfg`` for a start in ``checkpoint_dir`` (none: a new run folder, a fresh start):
-    resuming the run the folder holds, or refused (RunFolderError, a ValueError; a latest
-    checkpoint that cannot be read is a CheckpointError). The best policy starts from the
+    resuming the run the folder holds, or refused (RunFolderError, a ValueError, with the
+    line to log). The best policy starts from the
     folder's ``best.safetensors`` score, so only a better one replaces that file."""
     best = BestPolicy(cfg.best_min_episodes)
     if not checkpoint_dir:
