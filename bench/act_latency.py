@@ -51,6 +51,7 @@ import rclpy
 from rclpy.executors import Executor, ExternalShutdownException
 from rclpy.node import Node
 from rclpy.utilities import remove_ros_args
+from results_page import FLAG_HELP, recording
 from std_msgs.msg import Float32MultiArray, String, UInt8MultiArray
 
 from unilab_ros.executors import make_executor, spin
@@ -464,10 +465,19 @@ def main() -> int:
     parser.add_argument("--startup-timeout", type=float, default=120.0)
     parser.add_argument("--step-timeout", type=float, default=30.0)
     parser.add_argument("--e2e-timeout", type=float, default=600.0)
+    parser.add_argument("--results-page", action="store_true", help=FLAG_HELP)
     args = parser.parse_args(remove_ros_args(sys.argv)[1:])
     if args.echo:
         run_echo(sys.argv)
         return 0
+    with recording("act_latency", args.results_page) as record:
+        code = _bench(args)
+        record.keep = code == 0
+    return code
+
+
+def _bench(args: argparse.Namespace) -> int:
+    """Measure the responders and the end-to-end run, then report (1: a bench error)."""
     env = isolated_ros_env(args.domain_id)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     os.environ.update(env)

@@ -63,7 +63,7 @@ from unilab_ros.trainer_config import TrainerNodeConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
-from learning import cpu_model  # noqa: E402  (the bench folder is not a package)
+from results_page import FLAG_HELP, cpu_model, recording  # noqa: E402  (bench: no package)
 
 SPEC = ROOT / "config" / "robot_specs" / "quadruped.yaml"
 
@@ -264,11 +264,18 @@ def main() -> None:
                         default=[TrainerNodeConfig.control_spin_margin, 0.0],
                         help="the trainer's control_spin_margin (s), a run set each")
     parser.add_argument("--repeats", type=int, default=20_000)
+    parser.add_argument("--results-page", action="store_true", help=FLAG_HELP)
     parser.add_argument("--bare", type=float, nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.bare:
         _bare(*args.bare)
         return
+    with recording("control_loop", args.results_page):
+        _bench(args)
+
+
+def _bench(args: argparse.Namespace) -> None:
+    """The tick's cost, then trainer and bare-node runs per rate, then the last line."""
     print(f"cpu: {cpu_model()}")
     tick_us, obs_us, dim = assembly_cost(args.repeats)
     print(f"quadruped spec (obs {dim}, 3 sources): RobotSteps.tick {tick_us:.1f} us per step "

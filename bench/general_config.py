@@ -14,7 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import yaml
-from learning import Task
+from learning_tasks import Task
 
 DEV_TASKS = {
     # Seed 0 also trains through ROS, for the task's whole budget.

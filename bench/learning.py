@@ -42,7 +42,10 @@ initial states and noise): paired_drop_max is the largest (best - final) / |best
 two mean returns over seeds, the late drop without the noise of comparing two windows.
 nan: not measured (or a run failed, which is printed above).
 
-The table, the summary lines and the figure come from ``learning_report.py``.
+The table, the summary lines and the figure come from ``learning_report.py``; the tasks
+from ``learning_tasks.py`` (``--config``: ``general_config.py``'s development set).
+``--results-page`` writes what the run printed into docs/results.md (``results_page.py``):
+section ``learning``, or ``general_config:<config stem>`` with ``--config``.
 
 Floating-point rounding differs between CPUs, so a claim holds over seeds or not at all.
 """
@@ -62,6 +65,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from general_config import DEV_TASKS, task_files
 from learning_report import (
     HOLD_FROM,
     OURS,
@@ -77,45 +81,14 @@ from learning_report import (
     print_table,
     summarize,
 )
+from learning_tasks import TASKS, Task
 from policy_checks import evaluate, frozen_spread
+from results_page import FLAG_HELP, cpu_model, recording
 from sb3_zoo import run_sb3, sb3_settings, sb3_status
 
 ROOT = Path(__file__).resolve().parents[1]
 ROS_STEPS = 150_000
 """Default budget through ROS: the issue's target for ROS seeds holds through 150k."""
-
-
-@dataclass(frozen=True)
-class Task:
-    """One benchmark task: a shipped params file, a budget and a success threshold."""
-
-    name: str
-    short: str
-    params_file: str
-    env_steps: int
-    seeds: tuple[int, ...]
-    threshold: float
-    """Rolling mean return that counts as solved; the worst value after it is reported."""
-    marks: tuple[int, ...]
-    ros_seeds: tuple[int, ...] = ()
-    """Seeds also trained through ROS (sim_train); empty: in-process only."""
-    ros_full_budget: bool = False
-    """Through ROS for the task's own budget (not ROS_STEPS): the same run as in-process."""
-
-
-TASKS = {
-    task.name: task
-    for task in (
-        Task("pendulum", "pendulum", "pendulum.yaml", 500_000, (0, 1, 2, 3, 4), -200.0,
-             (50_000, 100_000, 150_000, 300_000, 500_000), ros_seeds=(0, 1, 2)),
-        Task("inverted_pendulum", "ip", "inverted_pendulum.yaml", 300_000, (0, 1, 2), 1000.0,
-             (50_000, 100_000, 200_000, 300_000)),
-        Task("halfcheetah", "hc", "halfcheetah.yaml", 1_000_000, (0, 1, 2), 1500.0,
-             (250_000, 500_000, 1_000_000)),
-    )
-}
-
-"""The three ways a task is trained, in table and plot order."""
 
 
 @dataclass(frozen=True)
@@ -131,16 +104,6 @@ class Job:
     work_dir: Path = field(default_factory=Path)
     """The child's working directory (a temporary one: MuJoCo drops MUJOCO_LOG.TXT into
     it); a ROS run's sim_train output goes below it."""
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def run_one(params_file: Path, seed: int, env_steps: int, marks: tuple[int, ...]) -> dict:
@@ -305,6 +268,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="the curves figure (default bench/learning.png; '': none)")
     parser.add_argument("--config-dir", type=Path, default=ROOT / "config")
     parser.add_argument("--json", type=Path, default=None, help="write all results here")
+    parser.add_argument("--results-page", action="store_true", help=FLAG_HELP)
     parser.add_argument("--child", choices=[OURS, SB3], help=argparse.SUPPRESS)
     parser.add_argument("--params-file", help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, help=argparse.SUPPRESS)
@@ -316,7 +280,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         _child(args)
         return 0
+    # The development set's section is its own: a run of the shipped task configs must not
+    # replace it, nor it theirs.
+    key = "learning" if args.config is None else f"general_config:{args.config.stem}"
+    with recording(key, args.results_page):
+        return _bench(args, parser)
 
+
+def _bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Train every job, then print the tables, the summary lines and the last line."""
     print(f"CPU: {cpu_model()} ({platform.machine()}), Python {platform.python_version()}")
     sb3_ok, sb3_note = sb3_status()
     run_sb3_part = sb3_ok and args.sb3 is not False
@@ -327,8 +299,6 @@ def main(argv: list[str] | None = None) -> int:
     config_dir = args.config_dir.resolve()  # the children run in a temporary directory
     tasks = TASKS
     if args.config is not None:
-        from general_config import DEV_TASKS
-
         tasks = DEV_TASKS
     names = args.tasks or list(tasks)
     unknown = sorted(set(names) - set(tasks))
@@ -340,8 +310,6 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory(prefix="unilab_learning_") as tmp:
         if args.config is not None:
-            from general_config import task_files
-
             general = args.config if args.config.is_file() else ROOT / "config" / args.config
             print(f"general config: {general}")
             config_dir = task_files(general, Path(tmp) / "config",

@@ -6,12 +6,9 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from learning_tasks import Task
 from policy_checks import EVAL_EPISODES
-
-if TYPE_CHECKING:
-    from learning import Task
 
 OURS, ROS, SB3 = "in-process", "via ROS", "SB3"
 HOLD_FROM = 100_000

@@ -42,7 +42,7 @@ from unilab_ros.sim_train import isolated_ros_env, node_command, stop
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
-from learning import cpu_model  # noqa: E402  (the bench folder is not a package)
+from results_page import FLAG_HELP, cpu_model, recording  # noqa: E402  (bench: no package)
 
 ROBOTS_DIR = ROOT / "config" / "robots"
 CASES = (("cartpole", 1), ("cartpole", 16), ("quadruped", 1))
@@ -153,7 +153,14 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=5.0, help="measured wall time a case")
     parser.add_argument("--domain-id", type=int, default=None)
+    parser.add_argument("--results-page", action="store_true", help=FLAG_HELP)
     args = parser.parse_args(argv)
+    with recording("mujoco_robot", args.results_page):
+        _bench(args)
+
+
+def _bench(args: argparse.Namespace) -> None:
+    """Every case in turn, a line each, then the summary line."""
     env = isolated_ros_env(args.domain_id)
     # This process joins the same isolated graph as the node (read at rclpy.init).
     os.environ.update({key: env[key] for key in ("ROS_DOMAIN_ID",

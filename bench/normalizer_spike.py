@@ -3,7 +3,7 @@
     python bench/normalizer_spike.py                    # seeds 0-2, 150k env steps
     python bench/normalizer_spike.py --seeds 0 --steps 60000
 
-Trains in-process Pendulum (rl/demo.train, the trainer node's own loop, on
+Trains in-process Pendulum (demo.train, the trainer node's own loop, on
 config/pendulum.yaml) once clean and once for each spike: for ``--spike-steps`` steps
 from env step ``--spike-at`` every observation element of every env reads the spike
 value (1e4 and 1e6, below ``observation_limit``, so the trainer takes them), as a robot's
@@ -28,12 +28,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from learning import cpu_model  # noqa: E402 - bench/learning.py, beside this script
+from results_page import cpu_model  # noqa: E402  (bench is not a package)
 
 import unilab_ros.rl  # noqa: E402,F401 - loads the optimized BLAS before mlx
-from unilab_ros import gym_vector  # noqa: E402
+from unilab_ros import demo, gym_vector  # noqa: E402
 from unilab_ros.paths import config_file  # noqa: E402
-from unilab_ros.rl import demo  # noqa: E402
 from unilab_ros.rl.setup_file import load_setup  # noqa: E402
 
 

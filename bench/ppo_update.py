@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from results_page import FLAG_HELP, recording
 
 EPOCHS = 5
 MINI_BATCHES = 4
@@ -470,11 +471,18 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7, help="timed phases per trainer")
     parser.add_argument("--activation", choices=sorted(ACTIVATIONS), default="elu",
                         help="hidden activation of both trainers (rsl_rl's default: elu)")
+    parser.add_argument("--results-page", action="store_true", help=FLAG_HELP)
     parser.add_argument("--rsl-rl-worker", metavar="NPZ", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.rsl_rl_worker:
         rsl_rl_worker(args.rsl_rl_worker)
         return
+    with recording("ppo_update", args.results_page):
+        _bench(args)
+
+
+def _bench(args: argparse.Namespace) -> None:
+    """Print the machine, then each size's figures, then the last line."""
     import unilab_ros.rl  # noqa: F401 - loads the optimized BLAS before mlx
     from unilab_ros.rl import heap
     from unilab_ros.rl.activations import NATIVE_STATUS

@@ -54,7 +54,7 @@ from unilab_ros.sim_train import die_with_parent, isolated_ros_env, node_command
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
-from learning import cpu_model  # noqa: E402  (the bench folder is not a package)
+from results_page import FLAG_HELP, cpu_model, recording  # noqa: E402  (bench: no package)
 
 DEPLOY_ROBOT_SEED = 12345
 """The deploy robot's seed (its episodes' initial states and targets), apart from
@@ -287,7 +287,15 @@ def main() -> None:
                         help="also train each seed in process (sims.spec_env)")
     parser.add_argument("--ros", action=argparse.BooleanOptionalAction, default=True,
                         help="train (and deploy) through ROS")
+    parser.add_argument("--results-page", action="store_true", help=FLAG_HELP)
     args = parser.parse_args()
+    # One section per robot: a reacher run must not replace the cart-pole's figures.
+    with recording(f"robot_learning:{args.robot}", args.results_page):
+        _bench(args)
+
+
+def _bench(args: argparse.Namespace) -> None:
+    """Train (and deploy) each seed the ways asked for, printing a line per step."""
     out = args.out or Path(tempfile.mkdtemp(prefix=f"robot_learning_{args.robot}_"))
     print(f"cpu: {cpu_model()}; robot {args.robot}, real_time_factor "
           f"{args.real_time_factor} (deploy {args.deploy_real_time_factor}), output {out}")

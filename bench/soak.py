@@ -30,7 +30,7 @@ from unilab_ros.sim_train import isolated_ros_env, node_command, stop
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
-from learning import cpu_model  # noqa: E402  (the bench folder is not a package)
+from results_page import FLAG_HELP, cpu_model, recording  # noqa: E402  (bench: no package)
 
 
 def rss_mb(pid: int) -> float:
@@ -59,7 +59,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--interval", type=float, default=5.0, help="seconds between samples")
     parser.add_argument("--warmup", type=float, default=0.3, help="share of the run left out")
     parser.add_argument("--domain-id", type=int, default=None)
+    parser.add_argument("--results-page", action="store_true", help=FLAG_HELP)
     args = parser.parse_args(argv)
+    with recording("soak", args.results_page):
+        return _bench(args)
+
+
+def _bench(args: argparse.Namespace) -> int:
+    """Run the bridge and the trainer for the soak's minutes, sampling their RSS."""
     params_file = args.params_file or config_file("pendulum.yaml")
     print(f"CPU: {cpu_model()}; {params_file.name}, {args.minutes:g} minutes", flush=True)
 
