@@ -79,7 +79,7 @@ class DeployedRobot:
         if mismatches != self._mismatches:
             self._mismatches, self._mismatch_at = mismatches, time.monotonic()
         if link.joint_error:
-            return f"{link.joint_error} (the spec's joints are matched by name)"
+            return link.joint_error
         if time.monotonic() - self._mismatch_at < MATCH_HOLD:
             return (f"a joint_states message without the spec's joints came within "
                     f"{MATCH_HOLD:g} s")

@@ -186,8 +186,8 @@ class PolicyNode(LifecycleNode):
             return
         self.waiting_to_activate = reason = self.robot.activation_refusal()
         if reason:
-            self.get_logger().error(f"not activating: {reason}; activates once the robot's "
-                                    "joints match", throttle_duration_sec=REFUSAL_LOG_PERIOD)
+            self.get_logger().warning(f"not activating yet: {reason}",
+                                      throttle_duration_sec=REFUSAL_LOG_PERIOD)
             return
         self._stop_waiting()
         self.trigger_activate()
