@@ -78,3 +78,16 @@ def test_a_pause_or_a_gap_longer_than_a_window_is_no_shortfall():
     rate.restart()
     assert all(rate.tick(20.0 + i * 0.02) is None for i in range(300))
     assert rate.achieved_hz == pytest.approx(50.0, rel=0.01)
+
+
+def test_the_window_spans_episodes_shorter_than_itself():
+    """Resets between 1 s episodes are left out of the window, not a reason to start it
+    over: a loop at half rate is still found."""
+    rate = ControlRate(0.02)
+    shortfalls = []
+    for episode in range(12):
+        rate.restart()
+        start = episode * 3.0
+        shortfalls += [rate.tick(start + i * 0.04) for i in range(25)]
+    found = [s for s in shortfalls if s is not None]
+    assert len(found) == 2 and found[0].achieved_hz == pytest.approx(25.0, rel=0.01)

@@ -4,8 +4,9 @@ A trainer that cannot keep up with a fast robot (a simulator at a high real-time
 a busy host) misses control ticks: its node clock's timer skips the periods it was too late
 for, and its node clock itself can lag the robot's, so neither shows the shortfall. The
 robot's own time does: the newest header stamp of its data (the arrival time for unstamped
-sources). ``ControlRate`` counts the acting ticks over windows of that time and reports a
-window whose rate falls below ``threshold`` of the spec's.
+sources). ``ControlRate`` counts the acting ticks over windows of that time (the time
+between consecutive acting ticks; resets and updates left out) and reports a window whose
+rate falls below ``threshold`` of the spec's.
 """
 
 from __future__ import annotations
@@ -37,31 +38,31 @@ class ControlRate:
         self.threshold = threshold
         self.achieved_hz: float | None = None
         """The rate of the latest complete window (None before one)."""
-        self._start: float | None = None
-        self._last = 0.0
+        self._last: float | None = None
+        self._span = 0.0
+        """Seconds of robot time between acting ticks in the window, pauses left out."""
         self._ticks = 0
 
     def restart(self) -> None:
-        """The loop stopped acting (waiting, stale data, a reset, an update): the next tick
-        starts a new window, so a pause is no shortfall."""
-        self._start = None
+        """The loop stopped acting (waiting, stale data, a reset, an update): the time until
+        the next acting tick is no control time, so a pause is no shortfall. The window
+        goes on across it (episodes may be shorter than a window)."""
+        self._last = None
 
     def tick(self, robot_time: float) -> RateShortfall | None:
         """An acting tick at ``robot_time`` (s); the shortfall when it closed a window whose
         rate was below the threshold."""
-        if self._start is None or robot_time < self._last or \
-                robot_time - self._last > self.window_s:
-            # First tick, a clock that went back, or a gap longer than a window (an update
-            # of a robot that was not paused): a window starts here.
-            self._start, self._last, self._ticks = robot_time, robot_time, 0
+        last, self._last = self._last, robot_time
+        if last is None or not 0.0 <= robot_time - last <= self.window_s:
+            # After a pause, a clock that went back, or a gap longer than a window (an
+            # update of a robot that was not paused): control time resumes here.
             return None
-        self._last = robot_time
+        self._span += robot_time - last
         self._ticks += 1
-        span = robot_time - self._start
-        if span < self.window_s:
+        if self._span < self.window_s:
             return None
-        self.achieved_hz = self._ticks / span
-        self._start, self._ticks = robot_time, 0
+        self.achieved_hz = self._ticks / self._span
+        span, self._span, self._ticks = self._span, 0.0, 0
         if self.achieved_hz >= self.threshold * self.expected_hz:
             return None
         return RateShortfall(self.achieved_hz, self.expected_hz, span)
