@@ -18,10 +18,13 @@ from unilab_ros.export_bundle import main as export_main
 from unilab_ros.rl.actions import ActionConfig, ActionMapper
 from unilab_ros.rl.activations import ACTIVATIONS as MLX_ACTIVATIONS
 from unilab_ros.rl.agent import AgentConfig, PPOAgent
-from unilab_ros.rl.bundle import BundleError, read_policy
+from unilab_ros.rl.bundle import BundleError, bundle_from_agent, read_policy
 from unilab_ros.rl.checkpoint import save_checkpoint
 from unilab_ros.rl.model import ModelConfig
 from unilab_ros.rl.onnx_export import ACTIVATIONS, actor_graph, save_onnx
+from unilab_ros.robot.actions import JointCommands
+from unilab_ros.robot.payload import robot_payload
+from unilab_ros.robot.spec import spec_from_dict
 
 OBS_DIM, ACTION_DIM = 6, 3
 TOLERANCE = 1e-5
@@ -122,3 +125,41 @@ def test_a_source_without_action_mapping_has_no_graph(tmp_path):
                      ModelConfig(actor_hidden_dims=[4], critic_hidden_dims=[4]))
     with pytest.raises(BundleError, match="needs the action mapping"):
         actor_graph(read_policy(save_checkpoint(tmp_path / "older", agent)))
+
+
+def test_a_robot_spec_policy_outputs_the_joint_command():
+    """Issue 41: the output was the policy's action (a tenth of the cart-pole's effort at
+    scale 10, and no default-pose offset for a position interface)."""
+    spec = spec_from_dict({
+        "name": "arm", "control_rate": 50.0,
+        "sources": [{"name": "joints", "topic": "joint_states", "type": "joint_state",
+                     "max_age": 0.1}],
+        "default_pose": {"a": 0.3, "b": -0.2, "c": 0.0},
+        "observation": [{"kind": "joint_pos_rel", "source": "joints", "joints": ["a", "b", "c"]},
+                        {"kind": "joint_vel", "source": "joints", "joints": ["a", "b", "c"]}],
+        "rewards": [{"kind": "alive", "weight": 1.0}],
+        "terminations": [{"kind": "episode_length", "max_steps": 10}],
+        "actions": {"joints": ["a", "b", "c"], "interface": "position", "topic": "cmd",
+                    "scale": [0.5, 2.0, 0.25], "low": [-0.4, -1.5, -0.3],
+                    "high": [0.8, 0.5, 0.3], "guard": {"max_action_change": [0.1]}},
+    })
+    joints = JointCommands(spec)
+    actions = joints.action_config()
+    agent = PPOAgent(AgentConfig(num_envs=1, obs_dim=OBS_DIM, action_dim=ACTION_DIM, seed=4),
+                     ModelConfig(actor_hidden_dims=[16], critic_hidden_dims=[8]))
+    last = agent.model.actor.layers[-1]
+    last.weight = last.weight * 100.0
+    mx.eval(agent.model.parameters())
+    bundle = bundle_from_agent(agent, actions, "test", robot_payload(spec))
+    obs = np.random.default_rng(5).normal(0.0, 3.0, (256, OBS_DIM)).astype(np.float32)
+    mapped = ActionMapper(actions, 1, ACTION_DIM)(np.array(agent.model.policy(mx.array(obs))))
+    expected = np.stack([joints(row) for row in mapped])
+    graph = actor_graph(bundle)
+    np.testing.assert_allclose(run_onnx(graph, obs), expected, atol=TOLERANCE)
+    inside = (expected > joints.low) & (expected < joints.high)
+    assert inside.mean() > 0.1 and (~inside).mean() > 0.1, "limits and interior both tested"
+    props = {prop.key: prop.value for prop in graph.metadata_props}
+    assert json.loads(props["safe_command"]) == [0.3, -0.2, 0.0]
+    # The stateful part a runtime must add, in command units (0.1 policy units x |scale|).
+    assert json.loads(props["command_guard"])["max_action_change"] == [0.05, 0.2, 0.025]
+    assert "command_guard" in props["runtime_must_apply"]

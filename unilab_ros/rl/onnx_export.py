@@ -203,11 +203,13 @@ def _joint_commands(bundle: PolicyBundle) -> _JointCommands | None:
     scale = per_joint(actions["scale"])
     offset = (np.array([spec["default_pose"][joint] for joint in actions["joints"]],
                        np.float64) if actions["interface"] == "position" else np.zeros(n))
-    guard = dict(actions["guard"])
+    # A spec written before specs had a guard has none: no limit.
+    guard = {"max_action_change": [0.0], "action_smoothing": 0.0, "blend_in_steps": 0,
+             **actions.get("guard", {})}
     guard["max_action_change"] = (per_joint(guard["max_action_change"])
                                   * np.abs(scale)).tolist()
     return _JointCommands(scale, offset, per_joint(actions["low"]), per_joint(actions["high"]),
-                          per_joint(actions["safe"]) if actions["safe"] else offset.copy(),
+                          per_joint(actions["safe"]) if actions.get("safe") else offset.copy(),
                           guard)
 
 
