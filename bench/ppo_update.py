@@ -458,7 +458,7 @@ def bench_size(
     ratio = their_median / our_median
     print(f"  ratio  {ratio:.2f}  (rsl_rl s / ours s)")
     # What the ratio becomes where both BLAS libraries multiply at the same speed (as
-    # measured on an Intel Xeon, see README): rsl_rl's whole phase against its own matmul
+    # measured on an Intel Xeon, see docs/results.md): rsl_rl's whole phase against its own matmul
     # time plus everything else of ours.
     equal = their_median / (their_matmul_median + whole - parts["matmul"])
     print(f"  ratio at equal matmul speed  {equal:.2f}  "

@@ -223,11 +223,11 @@ def test_ros2_launch_deploy_drives_the_lifecycle_node(install_prefix, ros_domain
 
 
 def test_a_sourced_workspace_runs_ros2_launch(install_prefix, ros_domain_env):
-    """The README's workspace steps: colcon build, source install/setup.bash, launch."""
+    """docs/install.md's workspace steps: colcon build, source install/setup.bash, launch."""
     ros2, _ = _ros2(install_prefix, ros_domain_env)
     setup_bash = install_prefix.parent / 'setup.bash'
     assert setup_bash.is_file(), 'colcon-bash (requirements-dev.txt) writes setup.bash'
-    # Only what the README asks for: the venv on PATH and in AMENT_PREFIX_PATH (the ament
+    # Only what docs/install.md asks for: the venv on PATH and in AMENT_PREFIX_PATH (the ament
     # markers of the ROS 2 wheels live there); setup.bash adds the workspace itself.
     env = dict(ros_domain_env, AMENT_PREFIX_PATH=sys.prefix,
                PATH=os.pathsep.join([str(Path(ros2).parent), ros_domain_env.get('PATH', '')]))

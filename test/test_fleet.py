@@ -28,7 +28,7 @@ PENDULUM_YAML = Path(__file__).resolve().parents[1] / "config" / "pendulum.yaml"
 ROBOTS = ["robot1", "robot2", "robot3"]
 TIMEOUT_S = 150.0
 """Bound of the whole run (start-up, MLX's compile, the iterations) on 2 shared cores. Most
-runs take 10-30 s; DDS took up to 46 s to match a restarted bridge here (README)."""
+runs take 10-30 s; DDS took up to 46 s to match a restarted bridge here (docs/fleets.md)."""
 RANDOM_RETURN = -1250.0
 """A random policy's mean Pendulum return: the fleet must learn past it."""
 LEARNED_RETURN = RANDOM_RETURN + 100.0

@@ -184,11 +184,11 @@ def test_the_shipped_spec_fits_its_mujoco_robot(name):
         assert np.all((low <= pose) & (pose <= high))
 
 
-def test_the_specs_readme_names_every_kind():
+def test_the_specs_documentation_names_every_kind():
     from unilab_ros.robot.observation_terms import OBSERVATIONS
     from unilab_ros.robot.reward_terms import REWARDS
     from unilab_ros.robot.termination_terms import TERMINATIONS
-    text = (SPECS / "README.md").read_text()
+    text = (REPO / "docs" / "robot_specs.md").read_text()
     kinds = [*OBSERVATIONS, *TERMINATIONS,
              *(k for k in REWARDS if not k.endswith(("_l2", "_l1"))),
              *{k.rsplit("_", 1)[0] for k in REWARDS if k.endswith(("_l2", "_l1"))}]
