@@ -131,6 +131,8 @@ def test_a_full_disk_costs_files_not_the_run(ros_domain_env, small_disk):  # noq
     assert result.returncode == 0, log[-3000:]
     assert "Traceback" not in log, log[-3000:]
     assert "sim_train: 3 iterations" in log, log[-3000:]
+    # The refused checkpoint is named (MLX's own message names no file).
+    assert f"could not save the checkpoint (max_iterations reached) ({output}/" in log, log[-3000:]
     png = output / "learning_curve.png"
     assert not png.exists() or png.read_bytes().startswith(b"\x89PNG")
     assert not [p for p in output.iterdir() if p.is_file() and p.stat().st_size == 0]

@@ -166,7 +166,8 @@ class RunArtifacts:
         # MLX reports a full disk as RuntimeError, the filesystem the rest as OSError.
         except (OSError, RuntimeError) as error:
             self._counters.add("save_failures")
-            self.last_save_error = f"{what}: {type(error).__name__}: {error}"
+            # MLX's message names no file: the path says which write the disk refused.
+            self.last_save_error = f"{what} ({path}): {type(error).__name__}: {error}"
             kind = (type(error).__name__, getattr(error, "errno", None))
             if kind not in self._errors_logged:
                 self._errors_logged.add(kind)
