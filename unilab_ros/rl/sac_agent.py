@@ -1,0 +1,151 @@
+"""SACAgent: acting, storing steps in replay and learning, independent of how steps arrive.
+
+Acting runs a numpy copy of the actor (as PPO's ``PolicySampler`` does: MLX's fixed cost
+per op outweighs a few rows of arithmetic), taken again after each ``learn``. Its actions
+are squashed to [-1, 1] and mapped onto ``action_bounds`` (policy units: what the action
+mapper then scales to the robot's command); before ``learning_starts`` env steps they are
+drawn uniformly over the bounds. Recorded actions are mapped back to [-1, 1], the space
+the critics see.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+
+import mlx.core as mx
+import numpy as np
+
+from unilab_ros.rl.policy import _NUMPY_ACTIVATIONS
+from unilab_ros.rl.replay import ReplayBuffer
+from unilab_ros.rl.sac import SACLearner, SACModel
+from unilab_ros.rl.sac_config import SACConfig
+
+_LOG = logging.getLogger(__name__)
+METRICS = ("critic_loss", "actor_loss", "alpha_loss", "entropy_coef", "entropy")
+
+
+class _NumpyActor:
+    """The actor's arrays in numpy: squashed mean or sampled actions for a few rows."""
+
+    def __init__(self, model: SACModel) -> None:
+        normalizer = model.normalizer
+        self.normalization = None
+        if model.cfg.normalize_observations:
+            scale = 1.0 / np.sqrt(np.array(normalizer.var) + np.float32(normalizer.epsilon))
+            self.normalization = (np.array(normalizer.mean), scale.astype(np.float32),
+                                  np.float32(normalizer.clip))
+        self.layers = [(np.ascontiguousarray(np.array(layer.weight).T), np.array(layer.bias))
+                       for layer in model.actor.layers]
+        self.activation = _NUMPY_ACTIVATIONS[model.cfg.activation]
+        self.log_std_bounds = (model.cfg.log_std_min, model.cfg.log_std_max)
+
+    def __call__(self, obs: np.ndarray, rng: np.random.Generator | None) -> np.ndarray:
+        x = obs
+        if self.normalization is not None:
+            shift, scale, clip = self.normalization
+            x = np.clip((x - shift) * scale, -clip, clip)
+        *hidden, (weight, bias) = self.layers
+        for hidden_weight, hidden_bias in hidden:
+            x = self.activation(x @ hidden_weight + hidden_bias)
+        mean, log_std = np.split(x @ weight + bias, 2, axis=-1)
+        if rng is None:
+            return np.tanh(mean)
+        std = np.exp(np.clip(log_std, *self.log_std_bounds))
+        return np.tanh(mean + std * rng.standard_normal(mean.shape, dtype=np.float32))
+
+
+class SACAgent:
+    """Owns the model, the replay buffer and the learner of one off-policy session."""
+
+    def __init__(self, num_envs: int, obs_dim: int, action_dim: int, cfg: SACConfig,
+                 seed: int = 0,
+                 action_bounds: tuple[np.ndarray, np.ndarray] | None = None) -> None:
+        cfg.validate()
+        self.cfg = cfg
+        self.num_envs, self.obs_dim, self.action_dim = num_envs, obs_dim, action_dim
+        mx.random.seed(seed)
+        self.model = SACModel(obs_dim, action_dim, cfg)
+        mx.eval(self.model.parameters())
+        self.learner = SACLearner(self.model, seed + 1)
+        self.replay = ReplayBuffer(cfg.buffer_size, num_envs, obs_dim, action_dim)
+        low, high = action_bounds or (-np.ones(action_dim), np.ones(action_dim))
+        self.low = np.asarray(low, np.float32).reshape(action_dim)
+        self.half_range = (np.asarray(high, np.float32).reshape(action_dim) - self.low) / 2
+        self._act_rng = np.random.default_rng(seed + 2)
+        self._batch_rng = np.random.default_rng(seed + 3)
+        self._actor = _NumpyActor(self.model)
+        self.env_steps = 0
+        self.updates_owed = 0.0
+        """Gradient steps the update-to-data ratio has asked for and not yet run."""
+        self.nonfinite_steps = 0
+        """Gradient steps whose losses were not finite (rolled back, counted)."""
+
+    @property
+    def learning(self) -> bool:
+        """Whether the random warm-up is over."""
+        return self.env_steps >= self.cfg.learning_starts
+
+    def act(self, obs: np.ndarray, deterministic: bool = False) -> np.ndarray:
+        """Actions (rows, action_dim) in policy units for raw observations."""
+        obs = np.asarray(obs, np.float32).reshape(-1, self.obs_dim)
+        if not deterministic and not self.learning:
+            squashed = self._act_rng.uniform(-1.0, 1.0, (len(obs), self.action_dim))
+        else:
+            squashed = self._actor(obs, None if deterministic else self._act_rng)
+        return (self.low + (squashed + 1.0) * self.half_range).astype(np.float32)
+
+    def squash(self, actions: np.ndarray) -> np.ndarray:
+        """Policy-unit actions back in [-1, 1] (clipped: a guard may have moved them)."""
+        scaled = (np.asarray(actions, np.float32) - self.low) / self.half_range - 1.0
+        return np.clip(scaled, -1.0, 1.0)
+
+    def record(self, obs: np.ndarray, actions: np.ndarray, rewards: np.ndarray,
+               dones: np.ndarray, envs: np.ndarray | None = None) -> None:
+        """Store one step of ``envs`` (default all); the observation statistics follow the
+        states seen (replay keeps them raw)."""
+        obs = np.asarray(obs, np.float32).reshape(-1, self.obs_dim)
+        self.replay.add(obs, self.squash(actions).reshape(len(obs), -1), rewards, dones, envs)
+        if self.cfg.normalize_observations:
+            self.model.normalizer.update(mx.array(obs))
+        # Steps past learning_starts each owe utd_ratio gradient steps.
+        past_start = self.env_steps + len(obs) - max(self.env_steps, self.cfg.learning_starts)
+        self.env_steps += len(obs)
+        self.updates_owed += max(past_start, 0) * self.cfg.utd_ratio
+
+    @property
+    def ready(self) -> bool:
+        """Whether a gradient step is owed and a batch can be drawn."""
+        return self.updates_owed >= 1.0 and self.replay.sampleable > 0
+
+    def learn(self, max_steps: int | None = None) -> dict[str, float]:
+        """Run the owed gradient steps (at most ``max_steps``); return mean metrics."""
+        steps = int(math.floor(self.updates_owed))
+        if max_steps is not None:
+            steps = min(steps, max_steps)
+        if steps < 1 or self.replay.sampleable == 0:
+            return {}
+        start = time.perf_counter()
+        totals = np.zeros(len(METRICS))
+        done = 0
+        for _ in range(steps):
+            batch = self.replay.sample(self.cfg.batch_size, self._batch_rng)
+            before = self.learner.snapshot()
+            metrics = self.learner.step(mx.array(batch.obs), mx.array(batch.actions),
+                                        mx.array(batch.rewards), mx.array(batch.next_obs),
+                                        mx.array(batch.terminal))
+            mx.eval(metrics, *self.learner.arrays())
+            values = np.array(metrics)
+            if not np.all(np.isfinite(values)):
+                self.learner.restore(before)
+                self.nonfinite_steps += 1
+                continue
+            totals += values
+            done += 1
+        self.updates_owed -= steps
+        self._actor = _NumpyActor(self.model)
+        result = {name: float(v) for name, v in zip(METRICS, totals / max(done, 1),
+                                                     strict=True)}
+        result.update(gradient_steps=float(done), learn_time=time.perf_counter() - start)
+        return result
