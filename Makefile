@@ -13,6 +13,16 @@ SETUP_STAMP := $(VENV)/.unilab-setup-stamp
 NATIVE_SOURCES := $(wildcard unilab_ros/rl/native/*.cpp unilab_ros/rl/native/CMakeLists.txt)
 BENCH_STAMP := $(VENV)/.unilab-bench-stamp
 
+# MLX's backend on Linux: cuda13 or cuda12 where an NVIDIA driver reports a CUDA version
+# that runs it (nvidia-smi), the CPU elsewhere; MLX_BACKEND=cpu (or cuda12, cuda13) chooses.
+# macOS needs no extra: mlx brings Metal. The version is requirements.txt's pin.
+MLX_VERSION := $(shell sed -n 's/^mlx==\([0-9.]*\).*/\1/p' requirements.txt)
+CUDA_MAJOR := $(shell nvidia-smi 2>/dev/null | sed -n 's/.*CUDA Version: *\([0-9]*\).*/\1/p' \
+    | head -n 1)
+MLX_BACKEND ?= $(if $(filter Darwin,$(shell uname -s)),,$(if $(filter-out 0 1 2 3 4 5 6 7 8 9 \
+    10 11 12,$(CUDA_MAJOR)),cuda13,$(if $(filter 12,$(CUDA_MAJOR)),cuda12,cpu)))
+MLX_REQUIREMENT := $(if $(MLX_BACKEND),'mlx[$(MLX_BACKEND)]==$(MLX_VERSION)')
+
 # `pip install torch` on Linux fetches the CUDA build from PyPI; TORCH_PIP_ARGS passes
 # extra pip options (e.g. a CPU-only index) to that one install.
 TORCH_PIP_ARGS ?=
@@ -37,7 +47,7 @@ $(SETUP_STAMP): requirements.txt requirements-dev.txt requirements-deploy.txt se
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV) || { \
 	  echo 'Could not create $(VENV): install python3-venv (Debian/Ubuntu).'; exit 1; }
 	$(PIP) install --upgrade pip==$(PIP_VERSION)
-	$(PIP) install -r requirements-dev.txt
+	$(PIP) install -r requirements-dev.txt $(MLX_REQUIREMENT)
 	$(PIP) install --no-deps -e .
 	@$(MAKE) --no-print-directory openblas
 	@$(MAKE) --no-print-directory native

@@ -73,3 +73,27 @@ def test_every_learning_test_reads_unilab_learning_the_same_way():
     stale = [path.name for path in modules
              if 'UNILAB_CI' in path.read_text() and path.name != Path(__file__).name]
     assert not stale, stale
+
+
+@pytest.mark.parametrize('cuda, backend', [(None, 'cpu'), ('12.4', 'cuda12'), ('13.0', 'cuda13'),
+                                           ('11.8', 'cpu')])
+def test_setup_installs_the_mlx_backend_the_nvidia_driver_runs(tmp_path, monkeypatch, cuda,
+                                                               backend):
+    """An NVIDIA driver's CUDA version picks mlx[cuda13] / mlx[cuda12]; none: mlx[cpu]."""
+    if os.uname().sysname != 'Linux':
+        pytest.skip('the backend extra is Linux only')
+    fake = tmp_path / 'bin'
+    fake.mkdir()
+    if cuda is not None:
+        smi = fake / 'nvidia-smi'
+        smi.write_text(f'#!/bin/sh\necho "| NVIDIA-SMI 580.65  Driver Version: 580.65  '
+                       f'CUDA Version: {cuda}     |"\n')
+        smi.chmod(0o755)
+    # Only the fake (or no) nvidia-smi: a machine's real one must not decide the test.
+    path = [str(fake)] + [d for d in os.environ['PATH'].split(os.pathsep)
+                          if not (Path(d) / 'nvidia-smi').exists()]
+    monkeypatch.setenv('PATH', os.pathsep.join(path))
+    install = [line for line in _dry_run(tmp_path, 'setup') if 'requirements-dev.txt' in line]
+    pin = next(line for line in (PACKAGE_ROOT / 'requirements.txt').read_text().splitlines()
+               if line.startswith('mlx=='))
+    assert len(install) == 1 and install[0].endswith(f"'mlx[{backend}]{pin[3:]}'"), install
