@@ -12,7 +12,7 @@ setup(
     # (python -m unilab_ros.rl.native), and the module when `make setup` built it.
     package_data={
         'unilab_ros.rl.native': ['*.cpp', 'CMakeLists.txt', '_unilab_native*.so'],
-        'unilab_ros.middleware': ['*.xml'],
+        'unilab_ros.ros.middleware': ['*.xml'],
         'unilab_ros.sims': ['models/*.xml'],
     },
     data_files=[
@@ -34,12 +34,12 @@ setup(
     entry_points={
         'console_scripts': [
             'trainer_node = unilab_ros.trainer.node:main',
-            'policy_node = unilab_ros.policy_node:main',
-            'gym_env_node = unilab_ros.gym_env_node:main',
+            'policy_node = unilab_ros.deploy.policy_node:main',
+            'gym_env_node = unilab_ros.sims.gym_env_node:main',
             'mujoco_robot_node = unilab_ros.sims.mujoco_robot_node:main',
-            'sim_train = unilab_ros.sim_train:main',
-            'pendulum_demo = unilab_ros.demo:main',
-            'export_bundle = unilab_ros.export_bundle:main',
+            'sim_train = unilab_ros.tools.sim_train:main',
+            'pendulum_demo = unilab_ros.tools.demo:main',
+            'export_bundle = unilab_ros.deploy.export_bundle:main',
         ],
     },
 )

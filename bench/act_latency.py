@@ -5,7 +5,7 @@ action 12): it publishes the first ``observation`` alone (again every 0.25 s unt
 action comes back), then per step ``reward``, ``done`` and the next ``observation``, and
 waits for the ``action``. A step's latency runs from just before the observation is
 published (the last of the three) to the action callback (``time.perf_counter``). The
-driver, the echo and the nodes all spin the executor ``unilab_ros.executors`` picks (rclpy's
+driver, the echo and the nodes all spin the executor ``unilab_ros.ros.executors`` picks (rclpy's
 EventsExecutor where rclpy has one; ``UNILAB_EXECUTOR=single`` for the classic one), so
 the echo's figures are the ROS + Python overhead the trainer pays too.
 
@@ -54,9 +54,9 @@ from rclpy.utilities import remove_ros_args
 from results_page import FLAG_HELP, recording
 from std_msgs.msg import Float32MultiArray, String, UInt8MultiArray
 
-from unilab_ros.executors import make_executor, spin
-from unilab_ros.metrics_log import read_metrics
-from unilab_ros.sim_train import isolated_ros_env, node_command, stop
+from unilab_ros.ros.executors import make_executor, spin
+from unilab_ros.tools.sim_train import isolated_ros_env, node_command, stop
+from unilab_ros.trainer.metrics_log import read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -349,7 +349,7 @@ def measure_e2e(args: argparse.Namespace, env: dict[str, str], folder: Path) -> 
     }
     with open(bridge_log, "wb") as bridge_out, open(trainer_log, "wb") as trainer_out:
         bridge = subprocess.Popen(
-            node_command("unilab_ros.gym_env_node", params_file, {}),
+            node_command("unilab_ros.sims.gym_env_node", params_file, {}),
             env=env, stdout=bridge_out, stderr=subprocess.STDOUT,
         )
         trainer = subprocess.Popen(

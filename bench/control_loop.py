@@ -58,8 +58,8 @@ from unilab_ros.robot.samples import ImuSample, JointStateSample, OdometrySample
 from unilab_ros.robot.spec import load_spec, spec_to_dict
 from unilab_ros.robot.steps import RobotSteps
 from unilab_ros.robot.terms import TermContext
-from unilab_ros.sim_train import die_with_parent, isolated_ros_env, node_command, stop
-from unilab_ros.trainer_config import TrainerNodeConfig
+from unilab_ros.tools.sim_train import die_with_parent, isolated_ros_env, node_command, stop
+from unilab_ros.trainer.config import TrainerNodeConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
@@ -194,8 +194,8 @@ def floor(rate: float, seconds: float, out: Path, domain: int) -> dict:
 
 def _bare(rate: float, seconds: float) -> None:
     """The bare node of ``floor``: prints its PeriodJitter summary as JSON."""
-    from unilab_ros.executors import make_executor
-    from unilab_ros.robot_link import PeriodJitter
+    from unilab_ros.ros.executors import make_executor
+    from unilab_ros.ros.spec_link import PeriodJitter
 
     rclpy.init()
     node = rclpy.create_node("bare_loop")

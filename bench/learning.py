@@ -109,9 +109,9 @@ class Job:
 def run_one(params_file: Path, seed: int, env_steps: int, marks: tuple[int, ...]) -> dict:
     """Train one seed in this process: the curve as (env_steps, rolling mean) pairs, and
     the deterministic policy's evaluation return at each of ``marks``."""
-    from unilab_ros.demo import train
+    from unilab_ros.config.training_setup import load_setup
     from unilab_ros.rl.best import BestPolicy
-    from unilab_ros.rl.setup_file import load_setup
+    from unilab_ros.tools.demo import train
 
     setup = load_setup(params_file)
     setup.agent.seed = seed
@@ -167,7 +167,7 @@ def run_in_child(job: Job, config_dir: Path) -> dict:
 
 def task_env(task: Task, config_dir: Path) -> tuple[str, int, int]:
     """The task's env id, env count and time limit (0: the env's own), from its params."""
-    from unilab_ros.rl.setup_file import load_setup
+    from unilab_ros.config.training_setup import load_setup
 
     setup = load_setup(config_dir / task.params_file)
     return setup.env_id, setup.agent.num_envs, setup.max_episode_steps
@@ -192,8 +192,8 @@ def _run_json_child(command: list[str], what: str, cwd: Path) -> dict:
 def run_ros(job: Job, config_dir: Path) -> dict:
     """Train one seed through ROS: sim_train (bridge + trainer, two processes) in a child
     process on its own domain; the curve from the run's metrics.csv."""
-    from unilab_ros.metrics_log import read_metrics
-    from unilab_ros.rl.setup_file import load_setup
+    from unilab_ros.config.training_setup import load_setup
+    from unilab_ros.trainer.metrics_log import read_metrics
 
     params_file = config_dir / job.task.params_file
     setup = load_setup(params_file)
@@ -202,7 +202,8 @@ def run_ros(job: Job, config_dir: Path) -> dict:
     output.mkdir(parents=True, exist_ok=True)
     # sim_train gives up after --timeout; ~300 steps/s is a tenth of its usual rate here.
     timeout = max(900.0, job.env_steps / 300)
-    command = [sys.executable, "-m", "unilab_ros.sim_train", "--params-file", str(params_file),
+    command = [sys.executable, "-m", "unilab_ros.tools.sim_train",
+               "--params-file", str(params_file),
                "--iterations", str(iterations), "--output", str(output), "--seed", str(job.seed),
                "--domain-id", str(job.domain_id), "--timeout", f"{timeout:.0f}"]
     log = output / "sim_train.log"

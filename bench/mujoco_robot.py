@@ -38,7 +38,7 @@ from sensor_msgs.msg import Imu, JointState
 from std_msgs.msg import String
 from yaml import safe_load
 
-from unilab_ros.sim_train import isolated_ros_env, node_command, stop
+from unilab_ros.tools.sim_train import isolated_ros_env, node_command, stop
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))

@@ -31,9 +31,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from results_page import cpu_model  # noqa: E402  (bench is not a package)
 
 import unilab_ros.rl  # noqa: E402,F401 - loads the optimized BLAS before mlx
-from unilab_ros import demo, gym_vector  # noqa: E402
-from unilab_ros.paths import config_file  # noqa: E402
-from unilab_ros.rl.setup_file import load_setup  # noqa: E402
+from unilab_ros.config.paths import config_file  # noqa: E402
+from unilab_ros.config.training_setup import load_setup  # noqa: E402
+from unilab_ros.sims import gym_vector  # noqa: E402
+from unilab_ros.tools import demo  # noqa: E402
 
 
 def spiking_sim(value: float, first_step: int, steps: int) -> type[gym_vector.GymVectorSim]:

@@ -60,9 +60,9 @@ def _episode_returns(agent, setup, env_seed: int, num_envs: int, episodes: int,
     """Returns of the first ``episodes`` episodes to end, in the order they ended (each env
     starts a new one after a done); fewer when ``max_steps`` env steps come first. Each
     env counts its first episode only when ``deterministic`` (one fresh episode each)."""
-    from unilab_ros.gym_vector import GymVectorSim
     from unilab_ros.rl.actions import ActionMapper
     from unilab_ros.rl.policy import PolicySampler
+    from unilab_ros.sims.gym_vector import GymVectorSim
 
     sim = GymVectorSim(setup.env_id, num_envs, env_seed, setup.max_episode_steps)
     try:

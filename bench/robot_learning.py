@@ -50,7 +50,7 @@ from rclpy.executors import SingleThreadedExecutor
 from rclpy.node import Node
 from std_msgs.msg import String
 
-from unilab_ros.sim_train import die_with_parent, isolated_ros_env, node_command, stop
+from unilab_ros.tools.sim_train import die_with_parent, isolated_ros_env, node_command, stop
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
@@ -100,10 +100,10 @@ def train(robot: str, seed: int, iterations: int, rtf: float, out: Path,
 def train_in_process(robot: str, seed: int, iterations: int, out: Path) -> dict:
     """The same training in process (``sims.spec_env``): rows as metrics.csv's, and the
     best policy (the last one if no best was kept) exported to ``out``."""
-    from unilab_ros import demo
     from unilab_ros.rl.best import BestPolicy
     from unilab_ros.rl.checkpoint import export_policy
     from unilab_ros.sims.spec_env import spec_training_setup
+    from unilab_ros.tools import demo
 
     setup = spec_training_setup(ROOT / "config" / "robot_train" / f"{robot}.yaml", robot,
                                 seed)
@@ -181,7 +181,7 @@ def deploy(robot: str, policy: Path, episodes: int, rtf: float, out: Path, domai
     params.write_text(yaml.safe_dump({"/**/unilab_policy": {"ros__parameters": {
         "checkpoint": str(policy), "use_sim_time": True, "reset_between_episodes": True,
         "start_state": "active"}}}))
-    node = _start("unilab_ros.policy_node", params, {}, env, out / "deploy_policy.log")
+    node = _start("unilab_ros.deploy.policy_node", params, {}, env, out / "deploy_policy.log")
     saved = {k: os.environ.get(k) for k in ("ROS_DOMAIN_ID", "ROS_AUTOMATIC_DISCOVERY_RANGE")}
     os.environ.update({k: env[k] for k in saved})
     rclpy.init()

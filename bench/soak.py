@@ -24,9 +24,9 @@ from pathlib import Path
 
 import numpy as np
 
-from unilab_ros.metrics_log import read_metrics
-from unilab_ros.paths import config_file
-from unilab_ros.sim_train import isolated_ros_env, node_command, stop
+from unilab_ros.config.paths import config_file
+from unilab_ros.tools.sim_train import isolated_ros_env, node_command, stop
+from unilab_ros.trainer.metrics_log import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
@@ -77,8 +77,9 @@ def _bench(args: argparse.Namespace) -> int:
                      "checkpoint_interval": "0", "tensorboard": "false"}
         with open(output / "bridge.log", "w") as bridge_log, \
                 open(output / "trainer.log", "w") as trainer_log:
-            bridge = subprocess.Popen(node_command("unilab_ros.gym_env_node", params_file, {}),
-                                      env=env, stdout=bridge_log, stderr=subprocess.STDOUT)
+            bridge = subprocess.Popen(
+                node_command("unilab_ros.sims.gym_env_node", params_file, {}), env=env,
+                stdout=bridge_log, stderr=subprocess.STDOUT)
             trainer = subprocess.Popen(
                 node_command("unilab_ros.trainer", params_file, overrides), env=env,
                 stdout=trainer_log, stderr=subprocess.STDOUT)

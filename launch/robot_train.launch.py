@@ -25,7 +25,7 @@ from launch_ros.actions import Node
 from launch_ros.parameter_descriptions import ParameterValue
 from launch_ros.substitutions import FindPackageShare
 
-from unilab_ros.launch_support import ends_the_launch
+from unilab_ros.ros.launch_support import ends_the_launch
 
 
 def _robot_node(context: LaunchContext, params_file: str) -> Node:

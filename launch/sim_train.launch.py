@@ -13,7 +13,7 @@ from launch_ros.actions import Node
 from launch_ros.parameter_descriptions import ParameterValue
 from launch_ros.substitutions import FindPackageShare
 
-from unilab_ros.launch_support import ends_the_launch, require_params_file
+from unilab_ros.ros.launch_support import ends_the_launch, require_params_file
 
 
 def generate_launch_description() -> LaunchDescription:

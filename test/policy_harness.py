@@ -16,17 +16,17 @@ from ros_helpers import spin_until
 from sensor_msgs.msg import JointState
 from std_msgs.msg import Bool, Float32MultiArray, Float64MultiArray
 
-from unilab_ros.messages import read_matrix, to_float32_msg
-from unilab_ros.policy_node import PolicyNode
+from unilab_ros.deploy.policy_node import PolicyNode
 from unilab_ros.rl import PPOAgent
 from unilab_ros.rl.agent import AgentConfig
 from unilab_ros.rl.bundle import bundle_from_agent, save_bundle
 from unilab_ros.rl.checkpoint import export_policy
 from unilab_ros.rl.model import ModelConfig
-from unilab_ros.robot.actions import JointCommands
+from unilab_ros.robot.joint_commands import JointCommands
 from unilab_ros.robot.observation import ObservationBuilder
 from unilab_ros.robot.payload import robot_payload
 from unilab_ros.robot.spec import spec_from_dict
+from unilab_ros.ros.messages import read_matrix, to_float32_msg
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]
 NUM_ENVS, OBS_DIM, ACTION_DIM = 2, 3, 2

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import unilab_ros.rl  # noqa: F401 - loads the optimized BLAS before mlx
-from unilab_ros.export_bundle import main as export_main
+from unilab_ros.deploy.export_bundle import main as export_main
 from unilab_ros.rl.actions import ActionConfig, override_actions
 from unilab_ros.rl.agent import AgentConfig, PPOAgent
 from unilab_ros.rl.bundle import (
@@ -169,7 +169,7 @@ def test_the_command_exports_with_overrides_and_labels(tmp_path, capsys):
 def run_command(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         filter(None, [str(PACKAGE_ROOT), os.environ.get("PYTHONPATH")])))
-    return subprocess.run([sys.executable, "-m", "unilab_ros.export_bundle", *args],
+    return subprocess.run([sys.executable, "-m", "unilab_ros.deploy.export_bundle", *args],
                           capture_output=True, text=True, timeout=120, cwd=cwd, env=env)
 
 

@@ -12,18 +12,18 @@ from pathlib import Path
 import pytest
 import yaml
 
-from unilab_ros.action_output import ActionOutputConfig
-from unilab_ros.gym_env_node import GymEnvParams
+from unilab_ros.deploy.policy_node import PolicyNodeConfig
 from unilab_ros.loop.action_safety import ActionSafetyConfig
 from unilab_ros.loop.config import LoopConfig
 from unilab_ros.loop.watchdog import WatchdogConfig
-from unilab_ros.policy_node import PolicyNodeConfig
 from unilab_ros.rl.actions import ActionConfig, ActionMapper
 from unilab_ros.rl.agent import AgentConfig
 from unilab_ros.rl.model import ModelConfig
 from unilab_ros.rl.ppo_config import PPOConfig
 from unilab_ros.rl.ppo_runtime import PPORuntimeConfig
-from unilab_ros.trainer_config import TrainerNodeConfig
+from unilab_ros.ros.action_output import ActionOutputConfig
+from unilab_ros.sims.gym_env_node import GymEnvParams
+from unilab_ros.trainer.config import TrainerNodeConfig
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "config"
 YAML_FILES = sorted(CONFIG_DIR.glob("*.yaml")) + sorted(

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from unilab_ros.loop.action_safety import ActionGuard, ActionSafetyConfig
-from unilab_ros.robot.actions import JointCommands
+from unilab_ros.robot.joint_commands import JointCommands
 from unilab_ros.robot.spec import load_spec
 
 SPECS = Path(__file__).resolve().parents[1] / "config" / "robot_specs"

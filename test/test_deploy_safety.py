@@ -22,7 +22,7 @@ from rclpy.parameter import Parameter
 from ros_helpers import spin_until
 from std_msgs.msg import String
 
-from unilab_ros.policy_node import PolicyNode
+from unilab_ros.deploy.policy_node import PolicyNode
 from unilab_ros.rl.bundle import read_policy
 from unilab_ros.rl.onnx_export import actor_graph
 
@@ -251,7 +251,7 @@ def test_a_shutdown_transition_ends_the_process(ros_domain_env, context, tmp_pat
     finalized."""
     bundle = spec_bundle(tmp_path, EFFORT_SPEC)
     process = subprocess.Popen(
-        [sys.executable, "-m", "unilab_ros.policy_node", "--ros-args",
+        [sys.executable, "-m", "unilab_ros.deploy.policy_node", "--ros-args",
          "-p", f"checkpoint:={bundle}", "-p", "start_state:=inactive"],
         env=_subprocess_env(ros_domain_env), cwd=tmp_path, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True)

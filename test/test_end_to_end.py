@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from unilab_ros.metrics_log import read_metrics
 from unilab_ros.rl.checkpoint import Checkpoint
-from unilab_ros.sim_train import main as sim_train
+from unilab_ros.tools.sim_train import main as sim_train
+from unilab_ros.trainer.metrics_log import read_metrics
 
 PENDULUM_YAML = Path(__file__).resolve().parents[1] / "config" / "pendulum.yaml"
 CI = os.environ.get("UNILAB_LEARNING", "bounded").strip().lower() != "full"

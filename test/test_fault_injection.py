@@ -24,9 +24,9 @@ from rclpy.parameter import Parameter
 from ros_helpers import spin_until
 from std_msgs.msg import Float32MultiArray, UInt8MultiArray
 
-from unilab_ros.gym_env_node import GymEnvNode
-from unilab_ros.gym_vector import GymVectorSim
-from unilab_ros.paths import config_file
+from unilab_ros.config.paths import config_file
+from unilab_ros.sims.gym_env_node import GymEnvNode
+from unilab_ros.sims.gym_vector import GymVectorSim
 from unilab_ros.trainer.node import TrainerNode
 
 pytestmark = [pytest.mark.ros, pytest.mark.learning]

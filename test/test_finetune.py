@@ -13,9 +13,8 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
-from unilab_ros.demo import train
-from unilab_ros.gym_vector import GymVectorSim
-from unilab_ros.paths import config_file
+from unilab_ros.config.paths import config_file
+from unilab_ros.config.training_setup import load_setup
 from unilab_ros.rl.actions import ActionConfig, ActionMapper
 from unilab_ros.rl.agent import AgentConfig, PPOAgent
 from unilab_ros.rl.bundle import bundle_from_agent, read_policy, save_bundle
@@ -24,7 +23,8 @@ from unilab_ros.rl.model import ModelConfig
 from unilab_ros.rl.policy import PolicySampler
 from unilab_ros.rl.ppo_config import PPOConfig
 from unilab_ros.rl.ppo_runtime import PPORuntimeConfig
-from unilab_ros.rl.setup_file import load_setup
+from unilab_ros.sims.gym_vector import GymVectorSim
+from unilab_ros.tools.demo import train
 
 SIZES = AgentConfig(num_envs=4, obs_dim=3, action_dim=2, num_steps=8)
 MODEL = ModelConfig(actor_hidden_dims=[16], critic_hidden_dims=[16])

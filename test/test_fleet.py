@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from unilab_ros.metrics_log import read_metrics
-from unilab_ros.sim_train import isolated_ros_env, node_command
+from unilab_ros.tools.sim_train import isolated_ros_env, node_command
+from unilab_ros.trainer.metrics_log import read_metrics
 
 pytestmark = [pytest.mark.learning, pytest.mark.ros]
 
@@ -71,7 +71,7 @@ def _bridge(robot: str, seed: int, env: dict[str, str]) -> Process:
     # unanswered; the restarted one, whose first state went out before the trainer had
     # matched it, rejoins by re-publishing between pauses. max_pause stays at its 30 s:
     # a bridge held paused would fail the run rather than be rescued by it.
-    command = node_command("unilab_ros.gym_env_node", PENDULUM_YAML,
+    command = node_command("unilab_ros.sims.gym_env_node", PENDULUM_YAML,
                            {"num_envs": "16", "seed": str(seed)})
     return Process([*command, "-r", f"__ns:=/{robot}"], env)
 

@@ -41,10 +41,10 @@ from general_config import DEV_TASKS, task_files  # noqa: E402  (bench is not a 
 def train_seed(seed: int, params_file: str = "", env_steps: int = ENV_STEPS) -> list[float]:
     """The rolling-mean curve of one seed (run in a child), by default of the file as
     shipped."""
-    from unilab_ros.demo import train
-    from unilab_ros.paths import config_file
+    from unilab_ros.config.paths import config_file
+    from unilab_ros.config.training_setup import load_setup
     from unilab_ros.rl.best import BestPolicy
-    from unilab_ros.rl.setup_file import load_setup
+    from unilab_ros.tools.demo import train
 
     setup = load_setup(Path(params_file or config_file("continuous_control.yaml")))
     setup.agent.seed = seed
@@ -56,8 +56,8 @@ def train_seed(seed: int, params_file: str = "", env_steps: int = ENV_STEPS) -> 
 
 
 def test_the_general_file_as_shipped_names_a_development_task_and_its_budget():
-    from unilab_ros.paths import config_file
-    from unilab_ros.rl.setup_file import load_setup
+    from unilab_ros.config.paths import config_file
+    from unilab_ros.config.training_setup import load_setup
 
     setup = load_setup(config_file("continuous_control.yaml"))
     assert setup.env_id == "Pendulum-v1"
@@ -85,7 +85,7 @@ def test_the_general_file_learns_pendulum(seed):
 @pytest.mark.skipif(CI, reason="bounded: the run is Pendulum's (above); UNILAB_LEARNING=full")
 @pytest.mark.parametrize("seed", (0, 1, 2))
 def test_the_general_file_holds_inverted_double_pendulum_to_the_end(seed, tmp_path):
-    from unilab_ros.paths import config_file
+    from unilab_ros.config.paths import config_file
 
     folder = task_files(config_file("continuous_control.yaml"), tmp_path, {})
     params = folder / DEV_TASKS["inverted_double_pendulum"].params_file

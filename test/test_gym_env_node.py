@@ -32,8 +32,7 @@ from std_msgs.msg import (  # noqa: E402
 )
 from std_srvs.srv import Empty  # noqa: E402
 
-from unilab_ros.gym_env_node import GymEnvConfigError, GymEnvNode  # noqa: E402
-from unilab_ros.messages import (  # noqa: E402
+from unilab_ros.ros.messages import (  # noqa: E402
     DONE_RUNNING,
     DONE_TERMINATED,
     DONE_TRUNCATED,
@@ -43,6 +42,7 @@ from unilab_ros.messages import (  # noqa: E402
     to_float32_msg,
     to_float64_msg,
 )
+from unilab_ros.sims.gym_env_node import GymEnvConfigError, GymEnvNode  # noqa: E402
 
 pytestmark = pytest.mark.ros
 
@@ -386,7 +386,7 @@ def test_main_exits_non_zero_with_a_one_line_reason():
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         filter(None, [str(PACKAGE_ROOT), os.environ.get('PYTHONPATH')])))
     result = subprocess.run(
-        [sys.executable, '-m', 'unilab_ros.gym_env_node', '--ros-args',
+        [sys.executable, '-m', 'unilab_ros.sims.gym_env_node', '--ros-args',
          '-p', 'env_id:=CartPole-v1'],
         capture_output=True, text=True, timeout=30, env=env, cwd=PACKAGE_ROOT)
     assert result.returncode == 2

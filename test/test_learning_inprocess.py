@@ -36,10 +36,10 @@ pytestmark = pytest.mark.learning
 
 def train_seed(seed: int) -> dict:
     """Train one seed; the rolling-mean curve and the kept best (run in a child)."""
-    from unilab_ros.demo import train
-    from unilab_ros.paths import config_file
+    from unilab_ros.config.paths import config_file
+    from unilab_ros.config.training_setup import load_setup
     from unilab_ros.rl.best import BestPolicy
-    from unilab_ros.rl.setup_file import load_setup
+    from unilab_ros.tools.demo import train
 
     setup = load_setup(config_file("pendulum.yaml"))
     setup.agent.seed = seed

@@ -12,7 +12,7 @@ from std_msgs.msg import (
     UInt8MultiArray,
 )
 
-from unilab_ros.messages import (
+from unilab_ros.ros.messages import (
     DONE_RUNNING,
     DONE_TERMINATED,
     DONE_TRUNCATED,

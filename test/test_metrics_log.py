@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from unilab_ros import metrics_log
-from unilab_ros.metrics_log import MetricsLog, read_metrics
+from unilab_ros.trainer import metrics_log
+from unilab_ros.trainer.metrics_log import MetricsLog, read_metrics
 
 VALUES = {f"metric_{i}": float(i) + 0.5 for i in range(40)}
 
@@ -102,7 +102,7 @@ def test_a_full_disk_turns_tensorboard_off_with_one_line_and_no_thread_traceback
 
     monkeypatch.setattr(metrics_log._EventFile, "write", full_disk)
     log = MetricsLog(tmp_path, tensorboard=True)
-    with caplog.at_level("ERROR", logger="unilab_ros.metrics_log"):
+    with caplog.at_level("ERROR", logger="unilab_ros.trainer.metrics_log"):
         for iteration in range(10):
             log.write(iteration, VALUES)
         log.close()

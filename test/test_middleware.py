@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from unilab_ros.middleware import apply_fastdds_profile
+from unilab_ros.ros.middleware import apply_fastdds_profile
 
 
 def test_the_fastdds_profile_applies_unless_the_user_chose_one():

@@ -13,9 +13,9 @@ import pytest
 import yaml
 from test_config_files import flatten, type_problem
 
+from unilab_ros.sims.mujoco_config import ROBOT_SECTIONS, RobotConfig, WorldConfig
 from unilab_ros.sims.mujoco_robot_node import NODE_NAME, SECTIONS
 from unilab_ros.sims.mujoco_world import MujocoWorld, model_path
-from unilab_ros.sims.robot_config import ROBOT_SECTIONS, RobotConfig, WorldConfig
 
 ROBOTS_DIR = Path(__file__).resolve().parents[1] / "config" / "robots"
 ROBOT_FILES = sorted(ROBOTS_DIR.glob("*.yaml"))

@@ -13,9 +13,7 @@ import mujoco
 import numpy as np
 import pytest
 
-from unilab_ros.sims.mujoco_world import MujocoWorld, WorldConfigError, model_path
-from unilab_ros.sims.pacing import Every, Pacer
-from unilab_ros.sims.robot_config import (
+from unilab_ros.sims.mujoco_config import (
     CommandConfig,
     ImuConfig,
     JointStatesConfig,
@@ -24,6 +22,8 @@ from unilab_ros.sims.robot_config import (
     RobotConfig,
     SitePosesConfig,
 )
+from unilab_ros.sims.mujoco_world import MujocoWorld, WorldConfigError, model_path
+from unilab_ros.sims.pacing import Every, Pacer
 
 G = 9.81
 HALF = math.sqrt(0.5)
@@ -409,6 +409,6 @@ def test_the_world_imports_no_ros_module():
                             timeout=120)
     assert result.returncode == 0, result.stderr
     modules = json.loads(result.stdout.strip().splitlines()[-1])
-    assert "unilab_ros.sims.robot_config" in modules
+    assert "unilab_ros.sims.mujoco_config" in modules
     assert [m for m in modules if m.startswith(("rclpy", "std_msgs", "rosidl", "sensor_msgs"))
             ] == []

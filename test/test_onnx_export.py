@@ -14,7 +14,7 @@ import onnxruntime
 import pytest
 
 import unilab_ros.rl  # noqa: F401 - loads the optimized BLAS before mlx
-from unilab_ros.export_bundle import main as export_main
+from unilab_ros.deploy.export_bundle import main as export_main
 from unilab_ros.rl.actions import ActionConfig, ActionMapper
 from unilab_ros.rl.activations import ACTIVATIONS as MLX_ACTIVATIONS
 from unilab_ros.rl.agent import AgentConfig, PPOAgent
@@ -22,7 +22,7 @@ from unilab_ros.rl.bundle import BundleError, bundle_from_agent, read_policy
 from unilab_ros.rl.checkpoint import save_checkpoint
 from unilab_ros.rl.model import ModelConfig
 from unilab_ros.rl.onnx_export import ACTIVATIONS, actor_graph, save_onnx
-from unilab_ros.robot.actions import JointCommands
+from unilab_ros.robot.joint_commands import JointCommands
 from unilab_ros.robot.payload import robot_payload
 from unilab_ros.robot.spec import spec_from_dict
 

@@ -9,19 +9,19 @@ from rclpy.parameter import Parameter
 
 from unilab_ros.loop.config import LoopConfig
 from unilab_ros.loop.watchdog import WatchdogConfig
-from unilab_ros.params import (
+from unilab_ros.rl.actions import ActionConfig
+from unilab_ros.rl.agent import AgentConfig
+from unilab_ros.rl.model import ModelConfig
+from unilab_ros.rl.ppo_config import PPOConfig
+from unilab_ros.rl.ppo_runtime import PPORuntimeConfig
+from unilab_ros.ros.params import (
     ConfigError,
     declare_config,
     field_docs,
     read_config,
     unknown_parameters,
 )
-from unilab_ros.rl.actions import ActionConfig
-from unilab_ros.rl.agent import AgentConfig
-from unilab_ros.rl.model import ModelConfig
-from unilab_ros.rl.ppo_config import PPOConfig
-from unilab_ros.rl.ppo_runtime import PPORuntimeConfig
-from unilab_ros.trainer_config import TrainerNodeConfig
+from unilab_ros.trainer.config import TrainerNodeConfig
 
 pytestmark = pytest.mark.ros
 

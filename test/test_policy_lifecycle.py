@@ -24,10 +24,10 @@ from rclpy.parameter import Parameter
 from ros_helpers import spin_until
 from std_msgs.msg import Float32MultiArray
 
-from unilab_ros.graph_checks import LIVE_WINDOW
-from unilab_ros.messages import to_float32_msg
-from unilab_ros.params import ConfigError
-from unilab_ros.policy_node import PolicyNode
+from unilab_ros.deploy.policy_node import PolicyNode
+from unilab_ros.ros.graph_checks import LIVE_WINDOW
+from unilab_ros.ros.messages import to_float32_msg
+from unilab_ros.ros.params import ConfigError
 
 pytestmark = pytest.mark.ros
 
@@ -117,7 +117,7 @@ def test_main_exits_2_with_a_one_line_reason_without_a_checkpoint(ros_domain_env
         [
             sys.executable,
             "-m",
-            "unilab_ros.policy_node",
+            "unilab_ros.deploy.policy_node",
             "--ros-args",
             "--params-file",
             str(PACKAGE_ROOT / "config" / "deploy.yaml"),

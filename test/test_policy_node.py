@@ -20,14 +20,14 @@ from rclpy.parameter import Parameter
 from std_msgs.msg import Float32MultiArray, Float64MultiArray
 from std_srvs.srv import SetBool
 
-from unilab_ros.messages import read_matrix
-from unilab_ros.policy_node import PolicyNode
+from unilab_ros.deploy.policy_node import PolicyNode
 from unilab_ros.rl import PPOAgent
 from unilab_ros.rl.actions import ActionConfig
 from unilab_ros.rl.agent import AgentConfig
 from unilab_ros.rl.bundle import read_policy, save_bundle
 from unilab_ros.rl.checkpoint import save_checkpoint
 from unilab_ros.rl.model import ModelConfig
+from unilab_ros.ros.messages import read_matrix
 
 pytestmark = pytest.mark.ros
 

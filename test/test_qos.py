@@ -11,8 +11,8 @@ from std_msgs.msg import Float32MultiArray
 from test_sim_pause import TINY_TRAINER, overrides
 
 from unilab_ros.loop.training_loop import Phase
-from unilab_ros.messages import to_float32_msg
-from unilab_ros.qos import incompatible_publishers
+from unilab_ros.ros.messages import to_float32_msg
+from unilab_ros.ros.qos import incompatible_publishers
 from unilab_ros.trainer.node import TrainerNode
 
 pytestmark = pytest.mark.ros

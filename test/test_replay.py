@@ -92,3 +92,15 @@ def test_a_saved_buffer_loads_oldest_first_with_pending_rows_cut():
     np.testing.assert_array_equal(small.obs[:, 0], [2, 2])
     with pytest.raises(ValueError, match="obs_dim"):
         ReplayBuffer(4, 2, 3, 1).load_state_dict(state)
+
+
+def test_a_caller_that_pairs_steps_completes_running_transitions_at_once():
+    buffer = ReplayBuffer(8, 2, 2, 1)
+    obs = np.array([[0, 0], [0, 1]], np.float32)
+    after = np.array([[9, 0], [7, 7]], np.float32)
+    buffer.add(obs, np.zeros((2, 1)), np.zeros(2), np.array([RUN, FAIL], np.uint8),
+               next_obs=after)
+    assert buffer.sampleable == 2 and (buffer.pending == -1).all()
+    stored = rows(buffer)
+    # The failed env's next observation (its new episode's first) is not its next state.
+    assert stored[(0, 0)] == ((9, 0), 0.0, True) and stored[(0, 1)] == ((0, 1), 1.0, True)

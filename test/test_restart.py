@@ -13,11 +13,11 @@ from rclpy.executors import SingleThreadedExecutor
 from rclpy.parameter import Parameter
 from ros_helpers import spin_until
 
-from unilab_ros.gym_env_node import GymEnvNode
-from unilab_ros.metrics_log import read_metrics
-from unilab_ros.params import ConfigError
 from unilab_ros.rl.agent import AgentConfig
 from unilab_ros.rl.checkpoint import Checkpoint, save_checkpoint
+from unilab_ros.ros.params import ConfigError
+from unilab_ros.sims.gym_env_node import GymEnvNode
+from unilab_ros.trainer.metrics_log import read_metrics
 from unilab_ros.trainer.node import TrainerNode
 from unilab_ros.trainer.session import SessionConfig, build_session
 

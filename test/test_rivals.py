@@ -14,10 +14,10 @@ from ros_helpers import spin_until
 from std_msgs.msg import Float32MultiArray
 from test_sim_pause import TINY_TRAINER, overrides
 
-from unilab_ros.action_output import ActionOutput, ActionOutputConfig
-from unilab_ros.graph_checks import LIVE_WINDOW, UNNAMED_MIN_COMMANDS, RivalWatch
-from unilab_ros.gym_env_node import GymEnvNode
-from unilab_ros.messages import to_float32_msg
+from unilab_ros.ros.action_output import ActionOutput, ActionOutputConfig
+from unilab_ros.ros.graph_checks import LIVE_WINDOW, UNNAMED_MIN_COMMANDS, RivalWatch
+from unilab_ros.ros.messages import to_float32_msg
+from unilab_ros.sims.gym_env_node import GymEnvNode
 from unilab_ros.trainer.node import NEWCOMER_WINDOW, TrainerNode
 
 pytestmark = pytest.mark.ros

@@ -17,7 +17,7 @@ from test_robot_train import spec_file
 
 from unilab_ros.robot.spec import load_spec
 from unilab_ros.robot.steps import RobotSteps
-from unilab_ros.robot_link import RobotLink, ScheduleSpin
+from unilab_ros.ros.spec_link import RobotLink, ScheduleSpin
 
 
 class FakeClock:

@@ -143,14 +143,14 @@ def test_the_spec_survives_a_trip_through_json(name):
 
 # The MuJoCo side of each shipped spec: robot file sections the world needs.
 def mujoco_world(name: str):
-    from unilab_ros.sims.mujoco_world import MujocoWorld, model_path
-    from unilab_ros.sims.robot_config import (
+    from unilab_ros.sims.mujoco_config import (
         CommandConfig,
         ImuConfig,
         OdomConfig,
         RobotConfig,
         SitePosesConfig,
     )
+    from unilab_ros.sims.mujoco_world import MujocoWorld, model_path
     params = yaml.safe_load((REPO / "config" / "robots" / f"{name}.yaml").read_text())
     params = params["/**/mujoco_robot"]["ros__parameters"]
     config = RobotConfig(command=CommandConfig(**params["command"]),

@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from unilab_ros.loop.stepper import SegmentStart, Transition
-from unilab_ros.robot.actions import JointCommands
 from unilab_ros.robot.extract import MissingJoint
+from unilab_ros.robot.joint_commands import JointCommands
 from unilab_ros.robot.observation import ObservationBuilder
 from unilab_ros.robot.samples import (
     ImuSample,

@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 
 from unilab_ros.rl.done_codes import DoneCode
-from unilab_ros.robot.actions import JointCommands
 from unilab_ros.robot.extract import (
     MissingJoint,
     joint_values,
@@ -20,6 +19,7 @@ from unilab_ros.robot.extract import (
     rotate_inverse,
     sample_field,
 )
+from unilab_ros.robot.joint_commands import JointCommands
 from unilab_ros.robot.observation import ObservationBuilder
 from unilab_ros.robot.observation_terms import OBSERVATIONS
 from unilab_ros.robot.reward_terms import REWARDS

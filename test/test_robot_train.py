@@ -22,16 +22,16 @@ from sensor_msgs.msg import JointState
 from std_msgs.msg import Float64MultiArray, String
 from std_srvs.srv import Empty, Trigger
 
-import unilab_ros.robot_link as robot_link
-from unilab_ros.params import ConfigError
-from unilab_ros.policy_node import PolicyNode
+import unilab_ros.ros.spec_link as robot_link
+from unilab_ros.deploy.policy_node import PolicyNode
 from unilab_ros.rl.actions import ActionConfig
 from unilab_ros.rl.agent import AgentConfig
 from unilab_ros.rl.bundle import load_bundle, read_policy, save_bundle
 from unilab_ros.rl.onnx_export import actor_graph
-from unilab_ros.robot.actions import JointCommands
+from unilab_ros.robot.joint_commands import JointCommands
 from unilab_ros.robot.payload import robot_payload, spec_of
 from unilab_ros.robot.spec import load_spec
+from unilab_ros.ros.params import ConfigError
 from unilab_ros.trainer.node import TrainerNode
 from unilab_ros.trainer.session import SessionConfig, with_robot_spec
 
@@ -435,7 +435,7 @@ def test_a_stamp_ahead_of_a_backlogged_clock_is_held_not_rejected(
 def test_stale_data_from_sim_time_tells_a_wall_clock_node_about_use_sim_time():
     """Issue 41 (9): run without use_sim_time against a sim-clock robot, the stale-data
     warning gave no hint."""
-    from unilab_ros.trainer.spec_robot import stale_line
+    from unilab_ros.trainer.spec_training import stale_line
     wall = stale_line({"joints": 1.7e9}, sim_time=False)
     assert "use_sim_time:=true" in wall
     assert "use_sim_time" not in stale_line({"joints": 0.15}, sim_time=False)

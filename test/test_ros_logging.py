@@ -12,7 +12,7 @@ from ros_helpers import spin_until
 from std_msgs.msg import String
 from test_shutdown import PENDULUM_YAML, SMALL
 
-from unilab_ros.sim_train import node_command
+from unilab_ros.tools.sim_train import node_command
 
 pytestmark = pytest.mark.ros
 CORE_LINE = "rl.activations: ELU:"

@@ -26,9 +26,8 @@ from std_msgs.msg import Float32MultiArray, Float64MultiArray, Header, MultiArra
 from test_mujoco_robot_config import parameters
 from trajectory_msgs.msg import JointTrajectory
 
-from unilab_ros.messages import MessageError
-from unilab_ros.robot.actions import JointCommands
 from unilab_ros.robot.extract import joint_values, projected_gravity
+from unilab_ros.robot.joint_commands import JointCommands
 from unilab_ros.robot.observation import ObservationBuilder
 from unilab_ros.robot.samples import (
     SAMPLE_TYPES,
@@ -40,7 +39,8 @@ from unilab_ros.robot.samples import (
     TwistSample,
 )
 from unilab_ros.robot.spec import load_spec
-from unilab_ros.ros_robot_io import (
+from unilab_ros.ros.messages import MessageError
+from unilab_ros.ros.spec_messages import (
     MAGNITUDE_LIMIT,
     ahead_reason,
     command_message,
@@ -49,10 +49,10 @@ from unilab_ros.ros_robot_io import (
     ros_type_name,
     to_sample,
 )
-from unilab_ros.sims import robot_messages
+from unilab_ros.sims import mujoco_messages
+from unilab_ros.sims.mujoco_config import RobotConfig, WorldConfig
 from unilab_ros.sims.mujoco_robot_node import SECTIONS
 from unilab_ros.sims.mujoco_world import MujocoWorld, model_path
-from unilab_ros.sims.robot_config import RobotConfig, WorldConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 SPECS = sorted((ROOT / "config" / "robot_specs").glob("*.yaml"))
@@ -338,14 +338,14 @@ def node_message(world: MujocoWorld, source_type: str, topic: str):
     """What the MuJoCo robot node publishes on ``topic`` now (its builders, no node)."""
     now, cfg = world.time_ns, world.config
     if source_type == "joint_state":
-        return robot_messages.joint_state_msg(world.joint_state(0), now)
+        return mujoco_messages.joint_state_msg(world.joint_state(0), now)
     if source_type == "imu":
-        return robot_messages.imu_msg(world.imu(0), now, cfg.imu.frame_id, cfg.imu)
+        return mujoco_messages.imu_msg(world.imu(0), now, cfg.imu.frame_id, cfg.imu)
     if source_type == "odometry":
-        return robot_messages.odometry_msg(world.odometry(0), now, cfg.odom.frame_id,
+        return mujoco_messages.odometry_msg(world.odometry(0), now, cfg.odom.frame_id,
                                            cfg.odom.child_frame_id)
     site = topic.removesuffix("/pose")
-    return robot_messages.pose_msg(world.site_pose(0, site), now, cfg.site_poses.frame_id)
+    return mujoco_messages.pose_msg(world.site_pose(0, site), now, cfg.site_poses.frame_id)
 
 
 @pytest.mark.parametrize("path", SPECS, ids=lambda path: path.stem)

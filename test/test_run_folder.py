@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from unilab_ros.run_folder import (
+from unilab_ros.trainer.run_folder import (
     RestartPlan,
     RunFolderError,
     namespace_folder,

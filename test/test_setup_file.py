@@ -6,13 +6,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from unilab_ros.paths import config_file
+from unilab_ros.config.paths import config_file
+from unilab_ros.config.training_setup import load_setup
 from unilab_ros.rl.actions import ActionConfig, ActionMapper
 from unilab_ros.rl.agent import AgentConfig
 from unilab_ros.rl.model import ModelConfig
 from unilab_ros.rl.ppo_config import PPOConfig
 from unilab_ros.rl.ppo_runtime import PPORuntimeConfig
-from unilab_ros.rl.setup_file import load_setup
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "config"
 

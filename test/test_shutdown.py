@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from unilab_ros.metrics_log import read_metrics
 from unilab_ros.rl.checkpoint import Checkpoint
-from unilab_ros.sim_train import node_command, stop
+from unilab_ros.tools.sim_train import node_command, stop
+from unilab_ros.trainer.metrics_log import read_metrics
 
 PENDULUM_YAML = Path(__file__).resolve().parents[1] / "config" / "pendulum.yaml"
 SMALL = {
@@ -31,7 +31,7 @@ def test_a_signal_saves_the_training_and_exits_0(tmp_path, ros_domain_env, sig):
     output = tmp_path / "run"
     trainer_args = {**SMALL, "checkpoint_dir": str(output)}
     bridge = subprocess.Popen(
-        node_command("unilab_ros.gym_env_node", PENDULUM_YAML, {"num_envs": "2"}),
+        node_command("unilab_ros.sims.gym_env_node", PENDULUM_YAML, {"num_envs": "2"}),
         env=ros_domain_env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -113,7 +113,7 @@ def test_sigterm_stops_sim_train_and_both_nodes_and_keeps_the_training(
 ):
     output = tmp_path / "run"
     process = subprocess.Popen(
-        [sys.executable, "-m", "unilab_ros.sim_train", "--iterations", "1000", "--output",
+        [sys.executable, "-m", "unilab_ros.tools.sim_train", "--iterations", "1000", "--output",
          str(output), "--domain-id", ros_domain_env["ROS_DOMAIN_ID"]],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ros_domain_env, cwd=tmp_path,
     )
@@ -136,7 +136,7 @@ def test_sigterm_stops_sim_train_and_both_nodes_and_keeps_the_training(
 def test_the_nodes_of_a_killed_sim_train_stop(ros_domain_env, tmp_path):
     """SIGKILL leaves sim_train no chance to stop its nodes: they must stop themselves."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "unilab_ros.sim_train", "--iterations", "1000", "--output",
+        [sys.executable, "-m", "unilab_ros.tools.sim_train", "--iterations", "1000", "--output",
          str(tmp_path / "run"), "--domain-id", ros_domain_env["ROS_DOMAIN_ID"]],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ros_domain_env, cwd=tmp_path,
     )

@@ -14,7 +14,7 @@ from rclpy.executors import SingleThreadedExecutor
 from rclpy.parameter import Parameter
 from ros_helpers import spin_until
 
-from unilab_ros.gym_env_node import GymEnvNode
+from unilab_ros.sims.gym_env_node import GymEnvNode
 from unilab_ros.trainer.node import TrainerNode
 
 pytestmark = pytest.mark.ros

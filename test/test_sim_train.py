@@ -10,7 +10,7 @@ import sys
 import pytest
 from test_metrics_log import small_disk  # noqa: F401, F811  (a fixture)
 
-from unilab_ros import sim_train
+from unilab_ros.tools import sim_train
 
 
 def test_every_argument_has_help():
@@ -24,7 +24,7 @@ def test_a_missing_params_file_is_exit_2_with_one_line(tmp_path):
     missing = tmp_path / "missing.yaml"
     for _ in range(3):
         result = subprocess.run(
-            [sys.executable, "-m", "unilab_ros.sim_train", "--params-file", str(missing)],
+            [sys.executable, "-m", "unilab_ros.tools.sim_train", "--params-file", str(missing)],
             capture_output=True, text=True, timeout=60, cwd=tmp_path,
         )
         assert result.returncode == 2
@@ -55,7 +55,7 @@ def test_each_run_gets_a_folder_per_task_and_latest_follows_written_runs(
 @pytest.mark.ros
 def test_a_short_run_writes_to_its_own_folder_and_links_it(ros_domain_env, tmp_path):
     result = subprocess.run(
-        [sys.executable, "-m", "unilab_ros.sim_train", "--iterations", "1", "--domain-id",
+        [sys.executable, "-m", "unilab_ros.tools.sim_train", "--iterations", "1", "--domain-id",
          ros_domain_env["ROS_DOMAIN_ID"], "--timeout", "240"],
         capture_output=True, text=True, timeout=300, env=ros_domain_env, cwd=tmp_path,
     )
@@ -123,7 +123,7 @@ def test_a_full_disk_costs_files_not_the_run(ros_domain_env, small_disk):  # noq
     (small_disk / "filler").write_bytes(b"\0" * (stat.f_bavail * stat.f_frsize - 24_000))
     output = small_disk / "run"
     result = subprocess.run(
-        [sys.executable, "-m", "unilab_ros.sim_train", "--iterations", "3", "--domain-id",
+        [sys.executable, "-m", "unilab_ros.tools.sim_train", "--iterations", "3", "--domain-id",
          ros_domain_env["ROS_DOMAIN_ID"], "--timeout", "240", "--output", str(output)],
         capture_output=True, text=True, timeout=300, env=ros_domain_env, cwd=small_disk,
     )

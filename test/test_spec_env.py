@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import yaml
 
-from unilab_ros.paths import config_file
+from unilab_ros.config.paths import config_file
 from unilab_ros.sims.spec_env import RobotSpecEnv, robot_config
 
 

@@ -28,11 +28,11 @@ from trainer_harness import (
     small_params,
 )
 
-from unilab_ros.messages import to_float32_msg
-from unilab_ros.params import unknown_parameters
 from unilab_ros.rl.bundle import read_policy
 from unilab_ros.rl.policy import PolicySampler
 from unilab_ros.rl.ppo_runtime import PPORuntimeConfig
+from unilab_ros.ros.messages import to_float32_msg
+from unilab_ros.ros.params import unknown_parameters
 from unilab_ros.trainer.node import TrainerNode
 
 pytestmark = pytest.mark.ros

@@ -20,8 +20,8 @@ from ros_helpers import spin_until
 from std_msgs.msg import Float32MultiArray, String
 from trainer_harness import PACKAGE_ROOT
 
-from unilab_ros.messages import to_float32_msg
 from unilab_ros.rl import heap
+from unilab_ros.ros.messages import to_float32_msg
 
 pytestmark = pytest.mark.ros
 

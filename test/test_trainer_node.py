@@ -17,8 +17,8 @@ from std_msgs.msg import Float32MultiArray, Float64MultiArray, UInt8MultiArray
 from std_srvs.srv import Trigger
 from trainer_harness import ACTION_DIM, NUM_ENVS, NUM_STEPS, OBS_DIM, PARTS, is_safe
 
-from unilab_ros.messages import to_float32_msg
 from unilab_ros.rl.checkpoint import Checkpoint
+from unilab_ros.ros.messages import to_float32_msg
 
 pytestmark = pytest.mark.ros
 

@@ -16,7 +16,7 @@ from rclpy.parameter import Parameter
 from ros_helpers import spin_until
 from std_msgs.msg import Float32MultiArray, Float64MultiArray, UInt8MultiArray
 
-from unilab_ros.messages import read_matrix, to_float32_msg, to_uint8_msg
+from unilab_ros.ros.messages import read_matrix, to_float32_msg, to_uint8_msg
 from unilab_ros.trainer.node import TrainerNode
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]

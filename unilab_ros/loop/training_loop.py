@@ -38,7 +38,7 @@ from unilab_ros.loop.decisions import (
     Silent,
     StepDropped,
 )
-from unilab_ros.loop.robot import Robot
+from unilab_ros.loop.robot_state import Robot
 from unilab_ros.loop.states import COUNTERS, FLEET_COUNTERS, Phase
 from unilab_ros.loop.stepper import SegmentStart, StepSource, StepSync, Transition
 from unilab_ros.loop.watchdog import Watchdog, WatchdogConfig

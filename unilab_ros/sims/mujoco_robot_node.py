@@ -43,12 +43,10 @@ from sensor_msgs.msg import Imu, JointState
 from std_msgs.msg import Float64MultiArray, String
 from std_srvs.srv import Empty
 
-from unilab_ros.executors import run_node
-from unilab_ros.params import ConfigError, declare_config, read_config, warn_unknown_parameters
-from unilab_ros.sims import robot_messages as messages
-from unilab_ros.sims.mujoco_world import MujocoWorld, WorldConfigError, model_path
-from unilab_ros.sims.pacing import Every, Pacer
-from unilab_ros.sims.robot_config import (
+from unilab_ros.ros.executors import run_node
+from unilab_ros.ros.params import ConfigError, declare_config, read_config, warn_unknown_parameters
+from unilab_ros.sims import mujoco_messages as messages
+from unilab_ros.sims.mujoco_config import (
     CommandConfig,
     ImuConfig,
     JointStatesConfig,
@@ -58,6 +56,8 @@ from unilab_ros.sims.robot_config import (
     SitePosesConfig,
     WorldConfig,
 )
+from unilab_ros.sims.mujoco_world import MujocoWorld, WorldConfigError, model_path
+from unilab_ros.sims.pacing import Every, Pacer
 
 NODE_NAME = "mujoco_robot"
 QOS_DEPTH = 10

@@ -28,7 +28,7 @@ from pathlib import Path
 import mujoco
 import numpy as np
 
-from unilab_ros.sims.robot_config import RobotConfig
+from unilab_ros.sims.mujoco_config import RobotConfig
 
 MODELS_DIR = Path(__file__).resolve().parent / "models"
 HOME_KEYFRAME = "home"

@@ -31,17 +31,17 @@ import gymnasium as gym
 import numpy as np
 import yaml
 
+from unilab_ros.config.paths import config_file, robot_spec_file
+from unilab_ros.config.training_setup import TrainingSetup, load_setup
 from unilab_ros.loop.stepper import Transition
-from unilab_ros.paths import config_file, robot_spec_file
 from unilab_ros.rl.done_codes import DoneCode
-from unilab_ros.rl.setup_file import TrainingSetup, load_setup
 from unilab_ros.robot import samples
-from unilab_ros.robot.actions import JointCommands
+from unilab_ros.robot.joint_commands import JointCommands
 from unilab_ros.robot.observation import ObservationBuilder
 from unilab_ros.robot.spec import RobotSpec, load_spec
 from unilab_ros.robot.steps import RobotSteps
+from unilab_ros.sims.mujoco_config import ROBOT_SECTIONS, RobotConfig, WorldConfig
 from unilab_ros.sims.mujoco_world import MujocoWorld, model_path
-from unilab_ros.sims.robot_config import ROBOT_SECTIONS, RobotConfig, WorldConfig
 
 ENV_ID = "UnilabRobot-v0"
 ROBOT_NODE_KEY = "/**/mujoco_robot"

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 from unilab_ros.loop.counters import Counters
-from unilab_ros.metrics_log import MetricsLog
 from unilab_ros.rl.actions import ActionConfig
 from unilab_ros.rl.agent import PPOAgent
 from unilab_ros.rl.best import BestPolicy
@@ -29,7 +28,13 @@ from unilab_ros.rl.checkpoint import (
     save_checkpoint,
 )
 from unilab_ros.rl.episodes import EpisodeStats
-from unilab_ros.run_folder import BEST_CHECKPOINT, new_run_folder, point_latest, restart_plan
+from unilab_ros.trainer.metrics_log import MetricsLog
+from unilab_ros.trainer.run_folder import (
+    BEST_CHECKPOINT,
+    new_run_folder,
+    point_latest,
+    restart_plan,
+)
 from unilab_ros.trainer.session import SessionConfig
 
 Log = Callable[[str, str], None]

@@ -18,8 +18,8 @@ from std_msgs.msg import Float32MultiArray, UInt8MultiArray
 
 from unilab_ros.loop.decisions import Decision
 from unilab_ros.loop.training_loop import TrainingLoop
-from unilab_ros.messages import MessageError, read_done_codes, read_matrix, read_vector
-from unilab_ros.qos import overridable
+from unilab_ros.ros.messages import MessageError, read_done_codes, read_matrix, read_vector
+from unilab_ros.ros.qos import overridable
 
 WARN_PERIOD = 5.0
 """Seconds between repeats of one topic's bad-input warning."""

@@ -25,9 +25,6 @@ from rclpy.node import Node
 from rclpy.qos import QoSProfile
 from std_msgs.msg import Bool, String
 
-from unilab_ros.action_output import ActionOutput, ActionOutputConfig
-from unilab_ros.executors import run_node, while_ros_runs
-from unilab_ros.graph_checks import CommandOutput, RivalWatch
 from unilab_ros.loop.decisions import (
     BeginUpdate,
     Decision,
@@ -39,15 +36,18 @@ from unilab_ros.loop.decisions import (
 )
 from unilab_ros.loop.training_loop import Phase, TrainingLoop
 from unilab_ros.loop.watchdog import Watchdog
-from unilab_ros.params import ConfigError, warn_unknown_parameters
-from unilab_ros.qos import overridable, topic_qos
 from unilab_ros.rl import PPOAgent, heap
 from unilab_ros.rl.checkpoint import CheckpointError
 from unilab_ros.rl.compute import compute_description
 from unilab_ros.rl.episodes import EpisodeStats
 from unilab_ros.robot.payload import robot_payload
 from unilab_ros.robot.spec import SpecError
-from unilab_ros.sim_pause import SimPause
+from unilab_ros.ros.action_output import ActionOutput, ActionOutputConfig
+from unilab_ros.ros.executors import run_node, while_ros_runs
+from unilab_ros.ros.graph_checks import CommandOutput, RivalWatch
+from unilab_ros.ros.params import ConfigError, warn_unknown_parameters
+from unilab_ros.ros.qos import overridable, topic_qos
+from unilab_ros.ros.sim_pause import SimPause
 from unilab_ros.trainer import reports
 from unilab_ros.trainer.artifacts import RunArtifacts, output_folder, restart
 from unilab_ros.trainer.messages_in import RobotInput
@@ -56,7 +56,7 @@ from unilab_ros.trainer.rival_hold import RivalHold
 from unilab_ros.trainer.services import TrainerServices
 from unilab_ros.trainer.session import build_session
 from unilab_ros.trainer.simulators import Simulators
-from unilab_ros.trainer.spec_robot import SpecRobot, in_slack, robot_spec_session, robot_status
+from unilab_ros.trainer.spec_training import SpecRobot, in_slack, robot_spec_session, robot_status
 
 NODE_NAME = "unilab_trainer"
 _WARN_PERIOD = 5.0

@@ -10,20 +10,20 @@ from rclpy.exceptions import ParameterNotDeclaredException
 from rclpy.node import Node
 from rclpy.parameter import Parameter
 
-from unilab_ros.action_output import ActionOutputConfig
 from unilab_ros.loop.action_safety import ActionSafetyConfig
 from unilab_ros.loop.config import LoopConfig
 from unilab_ros.loop.training_loop import TrainingLoop
 from unilab_ros.loop.watchdog import WatchdogConfig
-from unilab_ros.params import ConfigError, declare_config, read_config, warn_unknown_parameters
 from unilab_ros.rl.actions import ActionConfig
 from unilab_ros.rl.agent import AgentConfig
 from unilab_ros.rl.finetune import FineTuneConfig
 from unilab_ros.rl.model import ModelConfig
 from unilab_ros.rl.ppo_config import PPOConfig
 from unilab_ros.rl.ppo_runtime import PPORuntimeConfig
+from unilab_ros.ros.action_output import ActionOutputConfig
+from unilab_ros.ros.params import ConfigError, declare_config, read_config, warn_unknown_parameters
+from unilab_ros.trainer.config import TrainerNodeConfig
 from unilab_ros.trainer.session import SessionConfig
-from unilab_ros.trainer_config import TrainerNodeConfig
 
 LIVE_PARAMETERS = frozenset({"training", "deterministic", "ppo.learning_rate"})
 """Parameters that take effect while running; every other one is read-only after start."""

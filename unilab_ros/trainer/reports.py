@@ -13,7 +13,7 @@ from rclpy.subscription import Subscription
 
 from unilab_ros.loop.decisions import StepDropped
 from unilab_ros.loop.training_loop import TrainingLoop
-from unilab_ros.qos import incompatible_publishers
+from unilab_ros.ros.qos import incompatible_publishers
 
 
 class IterationReport:

@@ -24,7 +24,7 @@ from unilab_ros.rl.finetune import FineTuneConfig, make_agent
 from unilab_ros.rl.model import ModelConfig
 from unilab_ros.rl.ppo_config import PPOConfig
 from unilab_ros.rl.ppo_runtime import PPORuntimeConfig
-from unilab_ros.robot.actions import JointCommands
+from unilab_ros.robot.joint_commands import JointCommands
 from unilab_ros.robot.observation import ObservationBuilder
 from unilab_ros.robot.spec_types import RobotSpec
 from unilab_ros.robot.steps import RobotSteps

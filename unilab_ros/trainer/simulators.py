@@ -15,7 +15,7 @@ from rclpy.node import Node
 
 from unilab_ros.loop.decisions import Decision
 from unilab_ros.loop.training_loop import Phase, TrainingLoop
-from unilab_ros.sim_pause import SimPause
+from unilab_ros.ros.sim_pause import SimPause
 
 START_RESUME_WINDOW = 10.0
 """Seconds after start during which the trainer resumes each simulator it can, as soon as

@@ -9,7 +9,7 @@ same run (``session.with_robot_spec`` takes these values back without a note).
 from __future__ import annotations
 
 from unilab_ros.rl.actions import ActionConfig
-from unilab_ros.robot.actions import JointCommands
+from unilab_ros.robot.joint_commands import JointCommands
 from unilab_ros.robot.spec_types import RobotSpec
 
 

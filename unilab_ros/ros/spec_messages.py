@@ -30,7 +30,6 @@ from sensor_msgs.msg import Imu, JointState
 from std_msgs.msg import Float32MultiArray, Float64MultiArray, Header
 from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 
-from unilab_ros.messages import MessageError, to_float64_msg
 from unilab_ros.robot.samples import (
     ArraySample,
     ImuSample,
@@ -41,6 +40,7 @@ from unilab_ros.robot.samples import (
     TwistSample,
 )
 from unilab_ros.robot.spec_types import RobotSpec
+from unilab_ros.ros.messages import MessageError, to_float64_msg
 
 FUTURE_TOLERANCE_S = 1.0
 """Seconds a stamp may lead the node clock. A stamp further ahead comes from another clock

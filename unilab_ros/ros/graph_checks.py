@@ -18,8 +18,8 @@ import numpy as np
 from rclpy.node import Node
 from rclpy.qos import QoSProfile, ReliabilityPolicy
 
-from unilab_ros.action_output import ActionOutput
-from unilab_ros.robot_link import JointCommandOutput
+from unilab_ros.ros.action_output import ActionOutput
+from unilab_ros.ros.spec_link import JointCommandOutput
 
 LIVE_WINDOW = 2.0
 """Seconds a foreign command keeps the rival that sent it counted as live."""

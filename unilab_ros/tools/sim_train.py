@@ -39,11 +39,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from unilab_ros.metrics_log import read_metrics
-from unilab_ros.paths import config_file
-from unilab_ros.plot import plot_learning_curve
+from unilab_ros.config.paths import config_file
 from unilab_ros.rl.checkpoint import Checkpoint, CheckpointError
-from unilab_ros.run_folder import LATEST_LINK, new_run_folder, point_latest
+from unilab_ros.tools.plot import plot_learning_curve
+from unilab_ros.trainer.metrics_log import read_metrics
+from unilab_ros.trainer.run_folder import LATEST_LINK, new_run_folder, point_latest
 
 RUNS_ROOT = Path("runs")
 """Where runs go without ``--output`` (relative to the working directory)."""
@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         trainer_overrides["seed"] = str(args.seed)
         bridge_overrides["seed"] = str(args.seed)
     bridge = subprocess.Popen(
-        node_command("unilab_ros.gym_env_node", params_file, bridge_overrides), env=env,
+        node_command("unilab_ros.sims.gym_env_node", params_file, bridge_overrides), env=env,
         preexec_fn=die_with_parent(),
     )
     trainer = subprocess.Popen(

@@ -32,7 +32,7 @@ from unilab_ros.rl.done_codes import DoneCode
 from unilab_ros.rl.policy import PolicySampler
 from unilab_ros.robot.spec_types import RobotSpec
 from unilab_ros.robot.steps import RobotSteps
-from unilab_ros.robot_link import WARN_PERIOD, JointCommandOutput, RobotLink
+from unilab_ros.ros.spec_link import WARN_PERIOD, JointCommandOutput, RobotLink
 
 RETURNS_KEPT = 100
 """Finished episodes whose returns ``~/status`` lists."""

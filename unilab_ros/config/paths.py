@@ -22,7 +22,7 @@ def package_share() -> Path:
     installed = Path(sys.prefix) / "share" / PACKAGE
     if (installed / "config").is_dir():
         return installed
-    return Path(__file__).resolve().parent.parent
+    return Path(__file__).resolve().parents[2]
 
 
 def config_file(name: str) -> Path:

@@ -39,14 +39,14 @@ from rclpy.qos import QoSProfile
 from std_srvs.srv import Empty, Trigger
 from trajectory_msgs.msg import JointTrajectory
 
-from unilab_ros.action_output import CommandPublisher
 from unilab_ros.loop.counters import Counters
-from unilab_ros.messages import MessageError
-from unilab_ros.qos import overridable
-from unilab_ros.robot.actions import JointCommands
+from unilab_ros.robot.joint_commands import JointCommands
 from unilab_ros.robot.spec_types import RobotSpec
 from unilab_ros.robot.steps import RobotSteps
-from unilab_ros.ros_robot_io import (
+from unilab_ros.ros.action_output import CommandPublisher
+from unilab_ros.ros.messages import MessageError
+from unilab_ros.ros.qos import overridable
+from unilab_ros.ros.spec_messages import (
     POINT_FIELDS,
     ahead_reason,
     command_message,

@@ -16,16 +16,16 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from unilab_ros.gym_vector import GymVectorSim
+from unilab_ros.config.paths import config_file
+from unilab_ros.config.training_setup import TrainingSetup, load_setup
 from unilab_ros.loop.config import LoopConfig
 from unilab_ros.loop.decisions import BeginUpdate, PublishAction
-from unilab_ros.paths import config_file
 from unilab_ros.rl.agent import PPOAgent
 from unilab_ros.rl.best import BestPolicy
 from unilab_ros.rl.compute import compute_description
 from unilab_ros.rl.episodes import EpisodeStats
 from unilab_ros.rl.finetune import FineTuneConfig
-from unilab_ros.rl.setup_file import TrainingSetup, load_setup
+from unilab_ros.sims.gym_vector import GymVectorSim
 from unilab_ros.trainer.session import SessionConfig, build_session
 
 IterationCallback = Callable[[PPOAgent, EpisodeStats, dict[str, float]], None]

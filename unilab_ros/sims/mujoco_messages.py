@@ -17,8 +17,8 @@ from rosgraph_msgs.msg import Clock
 from sensor_msgs.msg import Imu, JointState
 from std_msgs.msg import Header
 
+from unilab_ros.sims.mujoco_config import ImuConfig
 from unilab_ros.sims.mujoco_world import ImuSample, JointSample, OdometrySample, PoseSample
-from unilab_ros.sims.robot_config import ImuConfig
 
 
 def stamp(time_ns: int) -> Time:

@@ -19,17 +19,17 @@ from dataclasses import replace
 from rclpy.node import Node
 from rclpy.qos import QoSProfile
 
-from unilab_ros.action_output import ActionOutputConfig
+from unilab_ros.config.paths import robot_spec_file
 from unilab_ros.loop.decisions import Decision
 from unilab_ros.loop.training_loop import Phase, TrainingLoop
-from unilab_ros.params import read_config, report_config
-from unilab_ros.paths import robot_spec_file
 from unilab_ros.rl.agent import AgentConfig
 from unilab_ros.robot.observation import ObservationBuilder
 from unilab_ros.robot.spec import load_spec
 from unilab_ros.robot.spec_types import RobotSpec
 from unilab_ros.robot.steps import RobotSteps
-from unilab_ros.robot_link import JointCommandOutput, RobotLink
+from unilab_ros.ros.action_output import ActionOutputConfig
+from unilab_ros.ros.params import read_config, report_config
+from unilab_ros.ros.spec_link import JointCommandOutput, RobotLink
 from unilab_ros.trainer.session import SessionConfig, with_robot_spec
 from unilab_ros.trainer.spec_parameters import shown_actions, shown_msg_type
 

@@ -20,8 +20,8 @@ from rclpy.impl.implementation_singleton import rclpy_implementation
 from rclpy.node import Node
 from rclpy.signals import SignalHandlerOptions
 
-from unilab_ros.middleware import apply_fastdds_profile
-from unilab_ros.ros_logging import route_package_logs
+from unilab_ros.ros.middleware import apply_fastdds_profile
+from unilab_ros.ros.python_logs import route_package_logs
 
 RCLError = rclpy_implementation.RCLError
 

@@ -24,16 +24,16 @@ from rclpy.node import Node
 from std_msgs.msg import Float32MultiArray, Float64MultiArray, String, UInt8MultiArray
 from std_srvs.srv import Empty
 
-from unilab_ros.executors import run_node
-from unilab_ros.gym_vector import RETURN_WINDOW, GymEnvConfigError, GymVectorSim
 from unilab_ros.loop.counters import Counters
-from unilab_ros.messages import (
+from unilab_ros.ros.executors import run_node
+from unilab_ros.ros.messages import (
     MessageError,
     read_matrix,
     to_float32_msg,
     to_uint8_msg,
 )
-from unilab_ros.params import ConfigError, declare_config, read_config, warn_unknown_parameters
+from unilab_ros.ros.params import ConfigError, declare_config, read_config, warn_unknown_parameters
+from unilab_ros.sims.gym_vector import RETURN_WINDOW, GymEnvConfigError, GymVectorSim
 
 NODE_NAME = 'gym_env'
 ACTION_MSG_TYPES = {'float32': Float32MultiArray, 'float64': Float64MultiArray}

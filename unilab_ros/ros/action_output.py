@@ -10,8 +10,8 @@ from rclpy.node import Node
 from rclpy.qos import QoSProfile
 from std_msgs.msg import Float32MultiArray, Float64MultiArray
 
-from unilab_ros.messages import to_float32_msg, to_float64_msg
-from unilab_ros.qos import overridable
+from unilab_ros.ros.messages import to_float32_msg, to_float64_msg
+from unilab_ros.ros.qos import overridable
 
 ACTION_MSG_TYPES = ("float32", "float64")
 

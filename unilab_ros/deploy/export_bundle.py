@@ -3,7 +3,7 @@
     export_bundle runs/pendulum/latest/best.safetensors pendulum_policy.safetensors
     export_bundle best.safetensors policy.safetensors --onnx policy.onnx \\
         --obs-labels cos sin omega --action-labels torque
-    python -m unilab_ros.export_bundle old.safetensors policy.safetensors \\
+    python -m unilab_ros.deploy.export_bundle old.safetensors policy.safetensors \\
         --action-scale 2.0 --action-low -2.0 --action-high 2.0 --safe-action 0.0
 
 The action mapping comes from the source; an ``--action-*`` / ``--safe-action`` option

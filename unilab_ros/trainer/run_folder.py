@@ -22,8 +22,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from unilab_ros.metrics_log import read_metrics
 from unilab_ros.rl.checkpoint import Checkpoint, CheckpointError
+from unilab_ros.trainer.metrics_log import read_metrics
 
 DEFAULT_NAMESPACE_FOLDER = "default"
 LATEST_LINK = "latest"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from unilab_ros.qos import RELIABILITIES
+from unilab_ros.ros.qos import RELIABILITIES
 
 PAUSE_SERVICE_TYPES = ("empty", "trigger", "setbool")
 

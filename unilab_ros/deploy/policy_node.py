@@ -29,15 +29,22 @@ from rclpy.parameter import Parameter
 from std_msgs.msg import Bool, Float32MultiArray, String
 from std_srvs.srv import SetBool
 
-from unilab_ros.action_output import ActionOutput, ActionOutputConfig
-from unilab_ros.deploy_robot import DeployedRobot
-from unilab_ros.executors import run_node
-from unilab_ros.graph_checks import RivalWatch
+from unilab_ros.deploy.spec_control import DeployedRobot
 from unilab_ros.loop.action_safety import ActionGuard, ActionSafetyConfig, describe, stricter
 from unilab_ros.loop.counters import Counters
 from unilab_ros.loop.watchdog import Watchdog, WatchdogConfig
-from unilab_ros.messages import MessageError, read_matrix
-from unilab_ros.params import (
+from unilab_ros.rl.actions import ActionConfig, ActionMapper, override_actions
+from unilab_ros.rl.bundle import read_policy
+from unilab_ros.rl.model import MLPActorCritic
+from unilab_ros.rl.policy import PolicySampler
+from unilab_ros.robot.joint_commands import JointCommands
+from unilab_ros.robot.payload import spec_of
+from unilab_ros.robot.spec_types import RobotSpec
+from unilab_ros.ros.action_output import ActionOutput, ActionOutputConfig
+from unilab_ros.ros.executors import run_node
+from unilab_ros.ros.graph_checks import RivalWatch
+from unilab_ros.ros.messages import MessageError, read_matrix
+from unilab_ros.ros.params import (
     ConfigError,
     declare_config,
     given_parameters,
@@ -45,14 +52,7 @@ from unilab_ros.params import (
     report_config,
     warn_unknown_parameters,
 )
-from unilab_ros.qos import RELIABILITIES, overridable, topic_qos
-from unilab_ros.rl.actions import ActionConfig, ActionMapper, override_actions
-from unilab_ros.rl.bundle import read_policy
-from unilab_ros.rl.model import MLPActorCritic
-from unilab_ros.rl.policy import PolicySampler
-from unilab_ros.robot.actions import JointCommands
-from unilab_ros.robot.payload import spec_of
-from unilab_ros.robot.spec_types import RobotSpec
+from unilab_ros.ros.qos import RELIABILITIES, overridable, topic_qos
 
 NODE_NAME = "unilab_policy"
 START_STATES = ("unconfigured", "inactive", "active")
