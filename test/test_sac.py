@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
+from unilab_ros.rl.agent import AgentConfig
 from unilab_ros.rl.sac import SACLearner, SACModel
 from unilab_ros.rl.sac_agent import SACAgent
 from unilab_ros.rl.sac_config import SACConfig
@@ -86,7 +87,7 @@ def test_the_critics_regress_on_the_soft_bellman_target_without_bootstrap_at_fai
 
 def test_the_entropy_coefficient_falls_when_the_policy_is_more_random_than_its_target():
     cfg = SACConfig(**{**SMALL.__dict__, "target_entropy_scale": 10.0})
-    agent = SACAgent(1, 3, 2, cfg, seed=0)
+    agent = SACAgent(AgentConfig(1, 3, 2), cfg)
     rng = np.random.default_rng(0)
     for _ in range(40):
         obs = rng.standard_normal((1, 3))
@@ -97,7 +98,7 @@ def test_the_entropy_coefficient_falls_when_the_policy_is_more_random_than_its_t
 
 
 def test_a_non_finite_step_is_rolled_back_and_counted():
-    agent = SACAgent(1, 3, 2, SMALL, seed=0)
+    agent = SACAgent(AgentConfig(1, 3, 2), SMALL)
     rng = np.random.default_rng(0)
     for _ in range(12):
         obs = rng.standard_normal((1, 3))
@@ -113,7 +114,7 @@ def test_a_non_finite_step_is_rolled_back_and_counted():
 def test_actions_stay_inside_the_bounds_and_acting_in_numpy_is_the_mlx_policy():
     low, high = np.array([-2.0, 0.0]), np.array([2.0, 10.0])
     cfg = SACConfig(**{**SMALL.__dict__, "learning_starts": 50})
-    agent = SACAgent(4, 3, 2, cfg, seed=0, action_bounds=(low, high))
+    agent = SACAgent(AgentConfig(4, 3, 2), cfg, action_bounds=(low, high))
     rng = np.random.default_rng(1)
     obs = rng.standard_normal((4, 3)).astype(np.float32) * 5
     random_actions = np.concatenate([agent.act(obs) for _ in range(50)])
@@ -134,7 +135,7 @@ def test_actions_stay_inside_the_bounds_and_acting_in_numpy_is_the_mlx_policy():
 @pytest.mark.parametrize("ratio", [0.5, 2.0])
 def test_the_update_to_data_ratio_sets_the_gradient_steps(ratio):
     cfg = SACConfig(**{**SMALL.__dict__, "utd_ratio": ratio, "learning_starts": 8})
-    agent = SACAgent(2, 3, 2, cfg, seed=0)
+    agent = SACAgent(AgentConfig(2, 3, 2), cfg)
     rng = np.random.default_rng(0)
     steps = 0
     for _ in range(20):
@@ -144,3 +145,22 @@ def test_the_update_to_data_ratio_sets_the_gradient_steps(ratio):
     # 40 env steps, the first 8 before learning starts (the first batch waits for a
     # complete transition).
     assert steps == pytest.approx(32 * ratio, abs=1)
+
+
+def test_the_loops_steps_go_to_replay_and_a_learning_phase_is_due_every_chunk():
+    from unilab_ros.rl.agent import StepOfEnvs
+
+    agent = SACAgent(AgentConfig(num_envs=2, obs_dim=3, action_dim=2, num_steps=3), SMALL)
+    collector = agent.collector()
+    rng = np.random.default_rng(0)
+    due = []
+    for _ in range(3):
+        obs = rng.standard_normal((2, 3)).astype(np.float32)
+        step = StepOfEnvs(obs, agent.act(obs), np.zeros((2, 2)), np.ones(2), np.ones(2),
+                          np.zeros(2, np.uint8))
+        due.append(collector.record(np.arange(2), step, obs + 1))
+    assert due == [False, False, True] and agent.replay.sampleable == 6
+    metrics = agent.update(collector.bootstrap_obs)
+    assert metrics["gradient_steps"] == 6 and agent.iteration == 1
+    collector.clear()
+    assert not collector.full

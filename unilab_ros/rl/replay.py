@@ -65,9 +65,11 @@ class ReplayBuffer:
         """Transitions added over the buffer's life (restored with it)."""
 
     def add(self, obs: np.ndarray, actions: np.ndarray, rewards: np.ndarray,
-            dones: np.ndarray, envs: np.ndarray | None = None) -> None:
+            dones: np.ndarray, envs: np.ndarray | None = None,
+            next_obs: np.ndarray | None = None) -> None:
         """Store one step of ``envs`` (default: all, in order); ``obs`` completes each env's
-        pending transition first."""
+        pending transition first. With ``next_obs`` (the states the step led to, known to a
+        caller that pairs steps) the running envs' transitions are complete at once."""
         envs = np.arange(self.num_envs) if envs is None else np.asarray(envs, np.int64)
         obs = np.asarray(obs, np.float32).reshape(len(envs), -1)
         self._complete(envs, obs)
@@ -83,6 +85,11 @@ class ReplayBuffer:
         ended = dones != DoneCode.RUNNING
         # A cut episode bootstraps from the state its last step started in (module doc).
         self.next_obs[rows[ended]] = obs[ended]
+        if next_obs is not None:
+            running = ~ended
+            self.next_obs[rows[running]] = np.asarray(next_obs, np.float32).reshape(
+                len(envs), -1)[running]
+            ended = np.ones_like(ended)
         self.ready[rows] = ended
         self.pending[envs] = np.where(ended, _NO_PENDING, rows)
         self.position = int((self.position + len(envs)) % self.capacity)

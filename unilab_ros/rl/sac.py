@@ -200,5 +200,6 @@ class SACLearner:
     def restore(self, snapshot: list[Any]) -> None:
         model_state, *optimizer_states = snapshot
         self.model.update(model_state)
+        # In place: the compiled step holds these very dicts as its state.
         for optimizer, state in zip(self.optimizers, optimizer_states, strict=True):
-            optimizer.state = state
+            optimizer.state.update(state)

@@ -17,6 +17,7 @@ import time
 import mlx.core as mx
 import numpy as np
 
+from unilab_ros.rl.agent import AgentConfig, StepOfEnvs
 from unilab_ros.rl.policy import _NUMPY_ACTIVATIONS
 from unilab_ros.rl.replay import ReplayBuffer
 from unilab_ros.rl.sac import SACLearner, SACModel
@@ -57,25 +58,34 @@ class _NumpyActor:
 
 
 class SACAgent:
-    """Owns the model, the replay buffer and the learner of one off-policy session."""
+    """Owns the model, the replay buffer and the learner of one off-policy session.
 
-    def __init__(self, num_envs: int, obs_dim: int, action_dim: int, cfg: SACConfig,
-                 seed: int = 0,
+    It offers what the training loop asks of PPO's agent: ``cfg`` (sizes; ``num_steps``
+    is the env steps per env between two learning phases), ``act``, ``collector`` (where
+    the loop's steps go), ``update`` (a learning phase: the gradient steps owed),
+    ``iteration`` (learning phases so far) and ``model``."""
+
+    def __init__(self, cfg: AgentConfig, sac_cfg: SACConfig | None = None,
                  action_bounds: tuple[np.ndarray, np.ndarray] | None = None) -> None:
         cfg.validate()
-        self.cfg = cfg
+        sac_cfg = sac_cfg or SACConfig()
+        sac_cfg.validate()
+        self.cfg, self.sac_cfg = cfg, sac_cfg
+        num_envs, obs_dim, action_dim, seed = cfg.num_envs, cfg.obs_dim, cfg.action_dim, cfg.seed
         self.num_envs, self.obs_dim, self.action_dim = num_envs, obs_dim, action_dim
         mx.random.seed(seed)
-        self.model = SACModel(obs_dim, action_dim, cfg)
+        self.model = SACModel(obs_dim, action_dim, sac_cfg)
         mx.eval(self.model.parameters())
         self.learner = SACLearner(self.model, seed + 1)
-        self.replay = ReplayBuffer(cfg.buffer_size, num_envs, obs_dim, action_dim)
+        self.replay = ReplayBuffer(sac_cfg.buffer_size, num_envs, obs_dim, action_dim)
         low, high = action_bounds or (-np.ones(action_dim), np.ones(action_dim))
         self.low = np.asarray(low, np.float32).reshape(action_dim)
         self.half_range = (np.asarray(high, np.float32).reshape(action_dim) - self.low) / 2
         self._act_rng = np.random.default_rng(seed + 2)
         self._batch_rng = np.random.default_rng(seed + 3)
         self._actor = _NumpyActor(self.model)
+        self.iteration = 0
+        """Learning phases run (``update`` calls that took a gradient step)."""
         self.env_steps = 0
         self.updates_owed = 0.0
         """Gradient steps the update-to-data ratio has asked for and not yet run."""
@@ -85,7 +95,7 @@ class SACAgent:
     @property
     def learning(self) -> bool:
         """Whether the random warm-up is over."""
-        return self.env_steps >= self.cfg.learning_starts
+        return self.env_steps >= self.sac_cfg.learning_starts
 
     def act(self, obs: np.ndarray, deterministic: bool = False) -> np.ndarray:
         """Actions (rows, action_dim) in policy units for raw observations."""
@@ -102,17 +112,21 @@ class SACAgent:
         return np.clip(scaled, -1.0, 1.0)
 
     def record(self, obs: np.ndarray, actions: np.ndarray, rewards: np.ndarray,
-               dones: np.ndarray, envs: np.ndarray | None = None) -> None:
-        """Store one step of ``envs`` (default all); the observation statistics follow the
-        states seen (replay keeps them raw)."""
+               dones: np.ndarray, envs: np.ndarray | None = None,
+               next_obs: np.ndarray | None = None) -> None:
+        """Store one step of ``envs`` (default all; see ``ReplayBuffer.add`` for
+        ``next_obs``); the observation statistics follow the states seen (replay keeps them
+        raw)."""
         obs = np.asarray(obs, np.float32).reshape(-1, self.obs_dim)
-        self.replay.add(obs, self.squash(actions).reshape(len(obs), -1), rewards, dones, envs)
-        if self.cfg.normalize_observations:
+        self.replay.add(obs, self.squash(actions).reshape(len(obs), -1), rewards, dones, envs,
+                        next_obs)
+        if self.sac_cfg.normalize_observations:
             self.model.normalizer.update(mx.array(obs))
         # Steps past learning_starts each owe utd_ratio gradient steps.
-        past_start = self.env_steps + len(obs) - max(self.env_steps, self.cfg.learning_starts)
+        start = self.sac_cfg.learning_starts
+        past_start = self.env_steps + len(obs) - max(self.env_steps, start)
         self.env_steps += len(obs)
-        self.updates_owed += max(past_start, 0) * self.cfg.utd_ratio
+        self.updates_owed += max(past_start, 0) * self.sac_cfg.utd_ratio
 
     @property
     def ready(self) -> bool:
@@ -130,7 +144,7 @@ class SACAgent:
         totals = np.zeros(len(METRICS))
         done = 0
         for _ in range(steps):
-            batch = self.replay.sample(self.cfg.batch_size, self._batch_rng)
+            batch = self.replay.sample(self.sac_cfg.batch_size, self._batch_rng)
             before = self.learner.snapshot()
             metrics = self.learner.step(mx.array(batch.obs), mx.array(batch.actions),
                                         mx.array(batch.rewards), mx.array(batch.next_obs),
@@ -144,8 +158,68 @@ class SACAgent:
             totals += values
             done += 1
         self.updates_owed -= steps
-        self._actor = _NumpyActor(self.model)
+        self.refresh_actor()
         result = {name: float(v) for name, v in zip(METRICS, totals / max(done, 1),
                                                      strict=True)}
         result.update(gradient_steps=float(done), learn_time=time.perf_counter() - start)
         return result
+
+    def refresh_actor(self) -> None:
+        """Act with the model's current actor (after a load)."""
+        self._actor = _NumpyActor(self.model)
+
+    def act_rng_state(self) -> dict:
+        return self._act_rng.bit_generator.state
+
+    def batch_rng_state(self) -> dict:
+        return self._batch_rng.bit_generator.state
+
+    def set_rng_states(self, act: dict, batch: dict) -> None:
+        self._act_rng.bit_generator.state = act
+        self._batch_rng.bit_generator.state = batch
+
+    def update(self, last_obs: np.ndarray | None = None) -> dict[str, float]:
+        """A learning phase between two chunks of collection: every owed gradient step.
+        ``last_obs`` (PPO's bootstrap states) is not needed: replay holds next states."""
+        metrics = self.learn()
+        if metrics:
+            self.iteration += 1
+        metrics["update_time"] = metrics.pop("learn_time", 0.0)
+        metrics["nonfinite_steps"] = float(self.nonfinite_steps)
+        return metrics
+
+    def collector(self) -> ReplayCollector:
+        """Where the training loop's steps go: the replay buffer."""
+        return ReplayCollector(self)
+
+
+class ReplayCollector:
+    """The training loop's steps into replay; a learning phase is due every ``num_steps``
+    env steps per env (all robots' steps counted together, so a stalled robot of a fleet
+    does not hold the others' learning back)."""
+
+    def __init__(self, agent: SACAgent) -> None:
+        self.agent = agent
+        self.num_steps = agent.cfg.num_steps
+        self.filled = np.zeros(agent.num_envs, np.int64)
+        """Steps of each env since the last learning phase."""
+        self.bootstrap_obs = np.zeros((agent.num_envs, agent.obs_dim), np.float32)
+        """Unused by replay (it keeps each step's next state); the loop hands it over."""
+
+    @property
+    def full(self) -> bool:
+        return int(self.filled.sum()) >= self.num_steps * len(self.filled)
+
+    def record(self, envs: np.ndarray, step: StepOfEnvs, next_obs: np.ndarray) -> bool:
+        """Store the step of ``envs``; True when a learning phase is due."""
+        self.agent.record(step.obs, step.actions, step.rewards, step.dones, envs, next_obs)
+        self.filled[envs] += 1
+        return self.full
+
+    def cut(self, envs: np.ndarray) -> None:
+        """The streams of ``envs`` broke: nothing waits in replay for their next state."""
+        self.agent.replay.cut(envs)
+
+    def clear(self) -> None:
+        """After a learning phase: count the next chunk."""
+        self.filled[:] = 0

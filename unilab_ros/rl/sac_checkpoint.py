@@ -1,0 +1,175 @@
+"""The off-policy learner's checkpoints and its replay on disk, written atomically.
+
+A training checkpoint holds every array of the model (actor, critics, targets, entropy
+coefficient, observation normalizer), the three Adam states, the numpy streams of acting
+and batch drawing, the counters and the configs: a resumed run goes on where it stopped.
+MLX offers no way to set its global random key, so the gradient steps' noise restarts from
+a seed derived from the run's seed and its gradient steps (deterministic, but not the
+stream an uninterrupted run would have drawn). The replay buffer goes to a file of its
+own beside it (``<name>.replay.safetensors``): at most ``sac.buffer_size`` transitions,
+oldest first, raw observations, so a restarted trainer learns on with its data, and a
+replay saved by another run of the same sizes (or recorded from a deployed policy's
+episodes) can seed a new one (``load_replay``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, fields
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+from mlx.utils import tree_flatten, tree_map_with_path, tree_unflatten
+
+from unilab_ros.rl.agent import AgentConfig
+from unilab_ros.rl.checkpoint import (
+    SUFFIX,
+    CheckpointError,
+    check_stored_arrays,
+    package_versions,
+)
+from unilab_ros.rl.files import write_atomically
+from unilab_ros.rl.sac_agent import SACAgent
+from unilab_ros.rl.sac_config import SACConfig
+
+FORMAT = "unilab_ros.sac_checkpoint/1"
+REPLAY_FORMAT = "unilab_ros.replay/1"
+REPLAY_SUFFIX = ".replay" + SUFFIX
+
+
+def replay_path(checkpoint: str | os.PathLike[str]) -> Path:
+    """Where the replay of ``checkpoint`` is kept."""
+    path = Path(checkpoint)
+    stem = path.name[: -len(SUFFIX)] if path.name.endswith(SUFFIX) else path.name
+    return path.with_name(stem + REPLAY_SUFFIX)
+
+
+def _flat(prefix: str, tree: Any) -> dict[str, mx.array]:
+    return {f"{prefix}/{name}": value for name, value in tree_flatten(tree)}
+
+
+def save_sac_checkpoint(path: str | os.PathLike[str], agent: SACAgent,
+                        extra: dict[str, Any] | None = None, with_replay: bool = True) -> Path:
+    """Everything needed to resume training, and (``with_replay``) the replay beside it."""
+    path = Path(path)
+    path = path if path.name.endswith(SUFFIX) else path.with_name(path.name + SUFFIX)
+    learner = agent.learner
+    arrays = {**_flat("model", agent.model.parameters()),
+              **{k: v for i, o in enumerate(learner.optimizers)
+                 for k, v in _flat(f"optimizer{i}", o.state).items()}}
+    meta = {
+        "format": FORMAT, "algorithm": "sac", "kind": "training",
+        "agent": json.dumps(asdict(agent.cfg)), "sac": json.dumps(asdict(agent.sac_cfg)),
+        "counters": json.dumps({"iteration": agent.iteration, "env_steps": agent.env_steps,
+                                "updates_owed": agent.updates_owed,
+                                "nonfinite_steps": agent.nonfinite_steps,
+                                "gradient_steps": learner.steps}),
+        "rng": json.dumps({"act": agent.act_rng_state(), "batch": agent.batch_rng_state()}),
+        "versions": json.dumps(package_versions()), "extra": json.dumps(extra or {}),
+    }
+    if with_replay:
+        save_replay(replay_path(path), agent)
+    return write_atomically(path, lambda tmp: mx.save_safetensors(str(tmp), arrays,
+                                                                 metadata=meta))
+
+
+def save_replay(path: str | os.PathLike[str], agent: SACAgent) -> Path:
+    """The replay buffer's rows, oldest first (bounded by its capacity)."""
+    arrays = {name: mx.array(value) for name, value in agent.replay.state_dict().items()}
+    meta = {"format": REPLAY_FORMAT, "obs_dim": str(agent.obs_dim),
+            "action_dim": str(agent.action_dim)}
+    return write_atomically(Path(path), lambda tmp: mx.save_safetensors(str(tmp), arrays,
+                                                                       metadata=meta))
+
+
+def load_replay(path: str | os.PathLike[str], agent: SACAgent) -> int:
+    """Take the transitions of a saved replay into ``agent``'s; returns how many."""
+    try:
+        arrays, meta = mx.load(str(path), return_metadata=True)
+    except (RuntimeError, ValueError, OSError) as error:
+        raise CheckpointError(f"cannot read the replay {path}: {error}") from error
+    if meta.get("format") != REPLAY_FORMAT:
+        raise CheckpointError(f"{path} is not a {REPLAY_FORMAT} file")
+    state = {name: np.array(value) for name, value in arrays.items()}
+    for name in ("obs", "actions", "rewards", "next_obs"):
+        if name not in state or not np.all(np.isfinite(state[name])):
+            raise CheckpointError(f"{path}: {name} is missing or not finite")
+    try:
+        agent.replay.load_state_dict(state)
+    except (KeyError, ValueError) as error:
+        raise CheckpointError(f"{path}: {error}") from None
+    return agent.replay.size
+
+
+def _config(cls: type, meta: dict[str, str], key: str) -> Any:
+    values = json.loads(meta[key])
+    known = {f.name for f in fields(cls)}
+    return cls(**{name: value for name, value in values.items() if name in known})
+
+
+def read_sac_configs(path: str | os.PathLike[str]) -> tuple[AgentConfig, SACConfig]:
+    """The sizes and settings a checkpoint was trained with."""
+    _, meta = _load(path)
+    return _config(AgentConfig, meta, "agent"), _config(SACConfig, meta, "sac")
+
+
+def _load(path: str | os.PathLike[str]) -> tuple[dict[str, mx.array], dict[str, str]]:
+    if not Path(path).is_file():
+        raise CheckpointError(f"no checkpoint at {path}")
+    try:
+        arrays, meta = mx.load(str(path), return_metadata=True)
+    except (RuntimeError, ValueError, OSError) as error:
+        raise CheckpointError(f"cannot read {path}: {error}") from error
+    if meta.get("format") != FORMAT:
+        raise CheckpointError(f"{path} is not a {FORMAT} file")
+    return arrays, meta
+
+
+def restore_sac(agent: SACAgent, path: str | os.PathLike[str], with_replay: bool = True) -> None:
+    """Continue training from ``path`` (and its replay, when there is one)."""
+    arrays, meta = _load(path)
+
+    def group(prefix: str) -> Any:
+        start = len(prefix) + 1
+        return tree_unflatten([(k[start:], v) for k, v in arrays.items()
+                               if k.startswith(prefix + "/")])
+
+    model = group("model")
+    expected = dict(tree_flatten(agent.model.parameters()))
+    found = dict(tree_flatten(model))
+    if expected.keys() != found.keys() or any(expected[k].shape != found[k].shape
+                                               for k in expected):
+        raise CheckpointError(f"{path} holds networks of another shape than the configured "
+                              "ones (obs_dim/action_dim/hidden dims/critics differ)")
+    try:
+        check_stored_arrays(found, prefix="model/")
+        counters = json.loads(meta["counters"])
+        rng = json.loads(meta["rng"])
+    except (ValueError, KeyError) as error:
+        raise CheckpointError(f"{path}: {error}") from None
+    agent.model.update(model)
+    states = []
+    for i, optimizer in enumerate(agent.learner.optimizers):
+        stored = {k[len(f"optimizer{i}/"):]: v for k, v in arrays.items()
+                  if k.startswith(f"optimizer{i}/")}
+        if stored.keys() != dict(tree_flatten(optimizer.state)).keys():
+            raise CheckpointError(f"{path}: optimizer {i}'s state does not fit the networks")
+        states.append(tree_map_with_path(lambda name, _, s=stored: s[name], optimizer.state))
+    # In place: the compiled step holds these very dicts as its state.
+    for optimizer, state in zip(agent.learner.optimizers, states, strict=True):
+        optimizer.state.update(state)
+    agent.set_rng_states(rng["act"], rng["batch"])
+    agent.iteration = int(counters["iteration"])
+    agent.env_steps = int(counters["env_steps"])
+    agent.updates_owed = float(counters["updates_owed"])
+    agent.nonfinite_steps = int(counters["nonfinite_steps"])
+    agent.learner.steps = int(counters["gradient_steps"])
+    mx.random.seed(agent.cfg.seed + 1 + agent.learner.steps)
+    agent.refresh_actor()
+    mx.eval(agent.learner.arrays())
+    replay = replay_path(path)
+    if with_replay and replay.is_file():
+        load_replay(replay, agent)
