@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from test_robot_steps import cartpole_steps, joints
 
-from unilab_ros.loop.stepper import SegmentStart, Transition
+from unilab_ros.loop.steps import SegmentStart, Transition
 from unilab_ros.robot.control_rate import RATE_WINDOW_S, ControlRate
 
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import yaml
 
-from unilab_ros.loop.stepper import SegmentStart, Transition
+from unilab_ros.loop.steps import SegmentStart, Transition
 from unilab_ros.robot.extract import MissingJoint
 from unilab_ros.robot.joint_commands import JointCommands
 from unilab_ros.robot.observation import ObservationBuilder

@@ -5,7 +5,8 @@ import itertools
 import numpy as np
 import pytest
 
-from unilab_ros.loop.stepper import SegmentStart, StepSync, Transition
+from unilab_ros.loop.step_sync import StepSync
+from unilab_ros.loop.steps import SegmentStart, Transition
 
 TIMEOUT = 1.0
 OBS = np.array([[0.1, 0.2, 0.3], [0.4, 0.5, 0.6]], np.float32)
@@ -153,3 +154,13 @@ def test_reset_forgets_the_outstanding_step():
     assert sync.on_done(DONE, 102) is None
     assert sync.counters["stale_messages"] == 1
     assert not sync.expired(1e9), "a reset step is not also counted as dropped"
+
+
+def test_both_step_sources_drop_a_late_step_by_one_rule():
+    """The topic contract's StepSync and a robot spec's RobotSteps once each carried a copy of
+    expired/drop; both now take them from the vocabulary below the loop and the spec."""
+    from unilab_ros.loop.steps import OneStepOutstanding
+    from unilab_ros.robot.steps import RobotSteps
+
+    assert StepSync.drop is RobotSteps.drop is OneStepOutstanding.drop
+    assert StepSync.expired is OneStepOutstanding.expired

@@ -26,7 +26,7 @@ from rclpy.lifecycle import LifecycleNode
 from rclpy.qos import QoSProfile
 
 from unilab_ros.loop.action_safety import ActionGuard
-from unilab_ros.loop.stepper import SegmentStart, Transition
+from unilab_ros.loop.steps import SegmentStart, Transition
 from unilab_ros.rl.actions import ActionMapper
 from unilab_ros.rl.done_codes import DoneCode
 from unilab_ros.rl.policy import PolicySampler

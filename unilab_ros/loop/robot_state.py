@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from unilab_ros.loop.action_safety import ActionGuard
-from unilab_ros.loop.stepper import StepSource
+from unilab_ros.loop.steps import StepSource
 from unilab_ros.loop.watchdog import Watchdog
 
 

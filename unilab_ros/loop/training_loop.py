@@ -5,7 +5,7 @@ step is learned from, the episode-end wait, when to update and save, and what a 
 step, a silent robot or an e-stop mean. Its caller (the trainer node, or the in-process
 run) converts messages, keeps the clocks and carries out the returned decisions.
 
-Each robot (``robot.Robot``) is an environment of ``n`` rows with its own step source,
+Each robot (``robot_state.Robot``) is an environment of ``n`` rows with its own step source,
 action guard and watchdog, and steps at its own pace: the policy acts on a robot's
 observation as soon as its step is complete, and nobody waits for anybody. Robot r's
 envs are rows r*n..(r+1)*n-1 of the agent's ``num_envs``; its steps go into the shared
@@ -40,7 +40,8 @@ from unilab_ros.loop.decisions import (
 )
 from unilab_ros.loop.robot_state import Robot
 from unilab_ros.loop.states import COUNTERS, FLEET_COUNTERS, Phase
-from unilab_ros.loop.stepper import SegmentStart, StepSource, StepSync, Transition
+from unilab_ros.loop.step_sync import StepSync
+from unilab_ros.loop.steps import SegmentStart, StepSource, Transition
 from unilab_ros.loop.watchdog import Watchdog, WatchdogConfig
 from unilab_ros.rl.actions import ActionMapper
 from unilab_ros.rl.agent import PPOAgent, StepOfEnvs

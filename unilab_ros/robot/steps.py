@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from unilab_ros.loop.counters import Counters
-from unilab_ros.loop.stepper import Deadline, SegmentStart, Transition
+from unilab_ros.loop.steps import Deadline, OneStepOutstanding, SegmentStart, Transition
 from unilab_ros.rl.done_codes import DoneCode
 from unilab_ros.robot.commands import draw_commands, read_commands
 from unilab_ros.robot.control_rate import ControlRate, RateShortfall
@@ -62,7 +62,7 @@ class _Pending:
     """The robot's time (its data's newest stamp) when the action went out."""
 
 
-class RobotSteps:
+class RobotSteps(OneStepOutstanding):
     """The step source of one robot; times are seconds on the node clock."""
 
     def __init__(self, spec: RobotSpec, rng: np.random.Generator,
@@ -260,17 +260,7 @@ class RobotSteps:
         if self._cut:
             self._cut = False
             return True
-        if self._pending is None or not self._pending.deadline.passed(now):
-            return False
-        return self.drop()
-
-    def drop(self) -> bool:
-        """Drop the outstanding step (counted), if any; True when one was dropped."""
-        if self._pending is None:
-            return False
-        self._pending = None
-        self.counters.add("steps_dropped")
-        return True
+        return super().expired(now)
 
     def reset(self) -> None:
         """Forget the outstanding step (around an update, on an e-stop)."""

@@ -33,7 +33,7 @@ import yaml
 
 from unilab_ros.config.paths import config_file, robot_spec_file
 from unilab_ros.config.training_setup import TrainingSetup, load_setup
-from unilab_ros.loop.stepper import Transition
+from unilab_ros.loop.steps import Transition
 from unilab_ros.rl.done_codes import DoneCode
 from unilab_ros.robot import samples
 from unilab_ros.robot.joint_commands import JointCommands

@@ -1,10 +1,5 @@
-"""Step sources, and the topic contract's: each published action paired with the reward,
-done and next observation it caused.
-
-A step source tells the training loop when a robot's step started (``SegmentStart``: act
-on this observation) and when it completed (``Transition``); ``StepSource`` is what the
-loop asks of one. ``StepSync`` is the source of the topic contract, which pairs arrays
-that arrive on their own.
+"""The topic contract's step source: each published action paired with the reward, done
+and next observation it caused (``StepSync``), from arrays that arrive on their own.
 
 ROS-free: the trainer node feeds it validated arrays with their reception stamps
 and the node clock's time, and acts on what it returns. The three parts of a step
@@ -23,70 +18,14 @@ may arrive in any order. Rules, each counted:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import numpy as np
 
 from unilab_ros.loop.counters import Counters
+from unilab_ros.loop.steps import Deadline, OneStepOutstanding, SegmentStart, Transition
 
 STEP_COUNTERS = ("steps_completed", "steps_dropped", "stale_messages", "duplicate_messages")
 """The pairing's counters (also the diagnostics keys)."""
-
-
-class StepSource(Protocol):
-    """What the training loop needs of a robot's step source besides its events."""
-
-    counters: Counters
-
-    def action_sent(self, obs: np.ndarray, action: np.ndarray, obs_stamp: int,
-                    now: float) -> None:
-        """The loop acted on ``obs``: a step is outstanding until its deadline."""
-
-    def expired(self, now: float) -> bool:
-        """Drop the outstanding step if it is late; True when one was dropped."""
-
-    def drop(self) -> bool:
-        """Drop the outstanding step (counted), if any; True when one was dropped."""
-
-    def reset(self) -> None:
-        """Forget the outstanding step (around an update, on an e-stop)."""
-
-
-@dataclass(frozen=True)
-class SegmentStart:
-    """An observation with no action outstanding: act on it."""
-
-    obs: np.ndarray
-    stamp: int
-
-
-@dataclass(frozen=True)
-class Transition:
-    """One completed step of every env."""
-
-    obs: np.ndarray
-    action: np.ndarray
-    reward: np.ndarray
-    done: np.ndarray
-    next_obs: np.ndarray
-    next_obs_stamp: int
-    """Reception stamp of ``next_obs`` (the next action answers it)."""
-
-
-class Deadline:
-    """When an outstanding step is late: ``timeout`` seconds after its action, on a clock
-    that may go back (sim time restarted, a replayed /clock). A clock earlier than the
-    action moves the deadline to ``timeout`` from then: measured on the old time line it
-    would lie as far away as the clock jumped."""
-
-    def __init__(self, now: float, timeout: float) -> None:
-        self.timeout = timeout
-        self.at = now + timeout
-
-    def passed(self, now: float) -> bool:
-        if now < self.at - self.timeout:
-            self.at = now + self.timeout
-        return now > self.at
 
 
 @dataclass
@@ -102,7 +41,7 @@ class _Pending:
 
 
 @dataclass
-class StepSync:
+class StepSync(OneStepOutstanding):
     """The step synchroniser; times are seconds on the node clock, stamps are ns."""
 
     step_timeout: float
@@ -149,21 +88,6 @@ class StepSync:
     def action_sent(self, obs: np.ndarray, action: np.ndarray, obs_stamp: int, now: float) -> None:
         """Record the action published for ``obs``; its step must complete by now + timeout."""
         self._pending = _Pending(obs, action, obs_stamp, Deadline(now, self.step_timeout))
-
-    def expired(self, now: float) -> bool:
-        """Drop the outstanding step if its deadline passed (see ``Deadline``); True when
-        one was dropped."""
-        if self._pending is None or not self._pending.deadline.passed(now):
-            return False
-        return self.drop()
-
-    def drop(self) -> bool:
-        """Drop the outstanding step (counted), if any; True when one was dropped."""
-        if self._pending is None:
-            return False
-        self._pending = None
-        self.counters.add("steps_dropped")
-        return True
 
     def _complete(self) -> Transition | None:
         pending = self._pending
