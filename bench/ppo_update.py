@@ -17,8 +17,12 @@ Each size also prints where the time goes: ours from compiled parts, rsl_rl's ma
 (its linear layers forward and backward, timed like ours), and the ratio the two would
 have where both BLAS libraries multiply at the same speed.
 
-The last line reads ``ppo_update ratio_robot=<x> ratio_small=<y>`` where a ratio is
-rsl_rl's seconds over ours (above 1: ours is faster). Without torch / rsl-rl-lib
+``--sizes`` picks the problems (``isaac``: 4096 x 24, Isaac Lab's legged rollout, for a
+GPU), ``--device`` MLX's device; rsl_rl runs on CUDA where MLX runs on a CUDA GPU, on the
+CPU otherwise, so both sides always share a device.
+
+The last line reads ``ppo_update ratio_robot=<x> ratio_small=<y> device=<backend>`` where
+a ratio is rsl_rl's seconds over ours (above 1: ours is faster). Without torch / rsl-rl-lib
 (``make bench`` installs them) the rsl_rl side is skipped and the ratios are nan.
 """
 
@@ -82,7 +86,10 @@ class Size:
 SIZES = {
     "robot": Size("robot", 256, 24, 48, 12, (512, 256, 128)),
     "small": Size("small", 16, 64, 3, 1, (64, 64)),
+    # Isaac Lab's usual legged-robot rollout: a GPU's size (a minute a phase on 2 cores).
+    "isaac": Size("isaac", 4096, 24, 48, 12, (512, 256, 128)),
 }
+DEFAULT_SIZES = ("robot", "small")
 
 
 def time_call(phase: Callable[[], Any]) -> float:
@@ -269,8 +276,9 @@ def breakdown(size: Size, ours: Ours, repeats: int) -> dict[str, float]:
 # ---- rsl_rl (PyTorch), in a child process ---------------------------------------------
 
 
-def rsl_rl_worker(data_path: str) -> None:
-    """Build rsl_rl's PPO on the saved rollout; time one phase per 'run' line on stdin."""
+def rsl_rl_worker(data_path: str, device: str) -> None:
+    """Build rsl_rl's PPO on the saved rollout on ``device`` (cpu or cuda); time one phase
+    per 'run' line on stdin."""
     import torch
     from rsl_rl.algorithms import PPO
     from rsl_rl.models import MLPModel
@@ -280,7 +288,7 @@ def rsl_rl_worker(data_path: str) -> None:
     torch.set_num_threads(os.cpu_count() or 1)
     arrays = dict(np.load(data_path))
     activation = str(arrays.pop("activation"))
-    data = {key: torch.from_numpy(value) for key, value in arrays.items()}
+    data = {key: torch.from_numpy(value).to(device) for key, value in arrays.items()}
     num_steps, num_envs, action_dim = data["actions"].shape
     num_layers = sum(1 for key in data if key.startswith("actor.") and key.endswith(".bias"))
     hidden = [len(data[f"actor.{index}.bias"]) for index in range(num_layers - 1)]
@@ -298,7 +306,9 @@ def rsl_rl_worker(data_path: str) -> None:
                 linear.weight.copy_(data[f"{name}.{index}.weight"])
                 linear.bias.copy_(data[f"{name}.{index}.bias"])
         actor.distribution.std_param.copy_(data["std_param"])
-    storage = RolloutStorage("rl", num_envs, num_steps, obs, [action_dim])
+    actor.to(device)
+    critic.to(device)
+    storage = RolloutStorage("rl", num_envs, num_steps, obs, [action_dim], device=device)
     algorithm = PPO(
         actor,
         critic,
@@ -315,6 +325,7 @@ def rsl_rl_worker(data_path: str) -> None:
         use_clipped_value_loss=True,
         schedule="adaptive",
         desired_kl=DESIRED_KL,
+        device=device,
     )
     algorithm.train_mode()
     storage.observations["policy"].copy_(data["obs"])
@@ -325,6 +336,13 @@ def rsl_rl_worker(data_path: str) -> None:
     storage.actions_log_prob.copy_(data["log_probs"][..., None])
     storage.distribution_params = (data["mean"], data["std"])
 
+    def synchronized(run: Callable[[], Any]) -> Callable[[], Any]:
+        # CUDA runs asynchronously: a phase ends when the device has finished it.
+        if device == "cpu":
+            return run
+        return lambda: (run(), torch.cuda.synchronize())
+
+    @synchronized
     def phase() -> dict[str, float]:
         # update() ends with storage.clear(), which only rewinds the cursor.
         storage.step = num_steps
@@ -336,10 +354,11 @@ def rsl_rl_worker(data_path: str) -> None:
     obs_dim = data["obs"].shape[-1]
     mini_batch = data["obs"].reshape(-1, obs_dim)[: num_steps * num_envs // MINI_BATCHES]
     linear_nets = [
-        torch.nn.Sequential(*[torch.nn.Linear(a, b) for a, b in pairwise(dims)])
+        torch.nn.Sequential(*[torch.nn.Linear(a, b) for a, b in pairwise(dims)]).to(device)
         for dims in ([obs_dim, *hidden, action_dim], [obs_dim, *hidden, 1])
     ]
 
+    @synchronized
     def matmul_phase() -> None:
         for _ in range(EPOCHS * MINI_BATCHES):
             for net in linear_nets:
@@ -359,10 +378,11 @@ def rsl_rl_worker(data_path: str) -> None:
 class RslRlProcess:
     """The rsl_rl worker as a callable phase that returns its own measured seconds."""
 
-    def __init__(self, data_path: Path) -> None:
+    def __init__(self, data_path: Path, device: str) -> None:
         self._errors = tempfile.TemporaryFile(mode="w+")
         self._process = subprocess.Popen(
-            [sys.executable, __file__, "--rsl-rl-worker", str(data_path)],
+            [sys.executable, __file__, "--rsl-rl-worker", str(data_path),
+             "--torch-device", device],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._errors,
@@ -406,7 +426,8 @@ def rsl_rl_missing() -> str | None:
 
 
 def bench_size(
-    size: Size, activation: str, repeats: int, skip_reason: str | None, workdir: Path
+    size: Size, activation: str, repeats: int, skip_reason: str | None, workdir: Path,
+    torch_device: str = "cpu",
 ) -> float:
     """Print one size's figures; return rsl_rl seconds / ours (nan when rsl_rl is skipped)."""
     print(
@@ -423,7 +444,7 @@ def bench_size(
     rsl_rl = None
     if skip_reason is None:
         try:
-            rsl_rl = RslRlProcess(data_path)
+            rsl_rl = RslRlProcess(data_path, torch_device)
             their_first = rsl_rl.run()
         except (OSError, RuntimeError, ValueError) as error:
             skip_reason, rsl_rl = f"{type(error).__name__}: {error}", None
@@ -441,7 +462,8 @@ def bench_size(
         rsl_rl.close()
         their_median = statistics.median(theirs)
         print(f"  rsl_rl {their_median:8.3f} s  {size.samples / their_median:9.0f} samples/s"
-              f"  (first call {their_first:.3f} s, torch threads {os.cpu_count()})")
+              f"  (first call {their_first:.3f} s, torch on {torch_device}, "
+              f"threads {os.cpu_count()})")
         their_matmul_median = statistics.median(their_matmul)
         print(f"  rsl_rl breakdown (s per update of {their_median:.3f} s): matmul "
               f"{their_matmul_median:.3f}, rest {their_median - their_matmul_median:.3f}")
@@ -471,12 +493,21 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7, help="timed phases per trainer")
     parser.add_argument("--activation", choices=sorted(ACTIVATIONS), default="elu",
                         help="hidden activation of both trainers (rsl_rl's default: elu)")
+    parser.add_argument("--sizes", default=",".join(DEFAULT_SIZES),
+                        help=f"comma-separated, of {', '.join(SIZES)} (default: %(default)s)")
+    parser.add_argument("--device", choices=("default", "cpu", "gpu"), default="default",
+                        help="MLX's device (default: MLX's own, the GPU where there is one); "
+                             "rsl_rl runs on CUDA when MLX runs on a CUDA GPU")
     parser.add_argument("--results-page", action="store_true", help=FLAG_HELP)
     parser.add_argument("--rsl-rl-worker", metavar="NPZ", help=argparse.SUPPRESS)
+    parser.add_argument("--torch-device", default="cpu", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.rsl_rl_worker:
-        rsl_rl_worker(args.rsl_rl_worker)
+        rsl_rl_worker(args.rsl_rl_worker, args.torch_device)
         return
+    unknown = set(args.sizes.split(",")) - set(SIZES)
+    if unknown:
+        parser.error(f"unknown sizes {sorted(unknown)}; choose from {list(SIZES)}")
     with recording("ppo_update", args.results_page):
         _bench(args)
 
@@ -486,21 +517,27 @@ def _bench(args: argparse.Namespace) -> None:
     import unilab_ros.rl  # noqa: F401 - loads the optimized BLAS before mlx
     from unilab_ros.rl import heap
     from unilab_ros.rl.activations import NATIVE_STATUS
-    from unilab_ros.rl.blas import blas_description
+    from unilab_ros.rl.compute import backend, compute_description
 
-    print(f"machine: {machine()}; BLAS for MLX: {blas_description()}; "
+    if args.device != "default":
+        import mlx.core as mx
+
+        mx.set_default_device(mx.gpu if args.device == "gpu" else mx.cpu)
+    torch_device = "cuda" if backend() == "cuda" else "cpu"
+    print(f"machine: {machine()}; {compute_description()}; "
           f"native activations: {NATIVE_STATUS}; heap: {heap.status}")
     skip_reason = rsl_rl_missing()
     if skip_reason is not None:
         print(f"rsl_rl not available ({skip_reason}): it is skipped; `make bench` installs it")
     with tempfile.TemporaryDirectory() as workdir:
         ratios = {
-            name: bench_size(size, args.activation, args.repeats, skip_reason, Path(workdir))
-            for name, size in SIZES.items()
+            name: bench_size(SIZES[name], args.activation, args.repeats, skip_reason,
+                             Path(workdir), torch_device)
+            for name in args.sizes.split(",")
         }
     other = "" if args.activation == "elu" else f" activation={args.activation}"
-    print(f"ppo_update ratio_robot={ratios['robot']:.2f} ratio_small={ratios['small']:.2f}"
-          + other)
+    print("ppo_update " + " ".join(f"ratio_{name}={ratio:.2f}" for name, ratio in ratios.items())
+          + f" device={backend()}" + other)
 
 
 if __name__ == "__main__":
