@@ -119,7 +119,7 @@ def test_a_free_body_falls_as_z0_minus_half_g_t_squared(tmp_path):
     odometry = world.odometry(0)
     assert world.time == pytest.approx(1.0)
     assert odometry.position[2] == pytest.approx(10.0 - G / 2, abs=1e-6)
-    assert odometry.linear_velocity == pytest.approx([0.0, 0.0, -G], abs=1e-6)
+    assert odometry.linear == pytest.approx([0.0, 0.0, -G], abs=1e-6)
     # An accelerometer in free fall reads nothing.
     assert world.imu(0).linear_acceleration == pytest.approx([0.0, 0.0, 0.0], abs=1e-6)
 
@@ -127,7 +127,7 @@ def test_a_free_body_falls_as_z0_minus_half_g_t_squared(tmp_path):
 def test_imu_orientation_is_xyzw_and_rates_are_in_the_sensor_frame(tmp_path):
     world = MujocoWorld(write(tmp_path, "spin.xml", SPINNING_IMU), 1,
                         RobotConfig(imu=ImuConfig(site="imu")), 100.0)
-    assert world.imu(0).orientation == pytest.approx([HALF, 0.0, 0.0, HALF])
+    assert world.imu(0).orientation_xyzw == pytest.approx([HALF, 0.0, 0.0, HALF])
     omega = 2.0
     world.data[0].qvel[0] = omega
     for _ in range(25):
@@ -137,7 +137,7 @@ def test_imu_orientation_is_xyzw_and_rates_are_in_the_sensor_frame(tmp_path):
     # Rz(theta) Rx(90deg) in (x, y, z, w).
     expected = [HALF * math.cos(theta / 2), HALF * math.sin(theta / 2),
                 HALF * math.sin(theta / 2), HALF * math.cos(theta / 2)]
-    assert imu.orientation == pytest.approx(expected, abs=1e-6)
+    assert imu.orientation_xyzw == pytest.approx(expected, abs=1e-6)
     # The spin axis (world z) is the sensor's y axis; so is "up", which it measures.
     assert imu.angular_velocity == pytest.approx([0.0, omega, 0.0], abs=1e-9)
     assert imu.linear_acceleration == pytest.approx([0.0, G, 0.0], abs=1e-6)
@@ -153,13 +153,28 @@ def test_odometry_twist_is_in_the_child_frame(tmp_path):
     world.step()  # 10 ms: the yaw is now 90 degrees + 5 mrad
     odometry = world.odometry(0)
     yaw = math.pi / 2 + 0.5 * world.time
-    assert odometry.orientation == pytest.approx(
+    assert odometry.orientation_xyzw == pytest.approx(
         [0.0, 0.0, math.sin(yaw / 2), math.cos(yaw / 2)], abs=1e-9)
     # World x seen from the body: (cos yaw, -sin yaw), about (0, -1).
-    assert odometry.linear_velocity == pytest.approx([math.cos(yaw), -math.sin(yaw), 0.0],
+    assert odometry.linear == pytest.approx([math.cos(yaw), -math.sin(yaw), 0.0],
                                                      abs=1e-9)
-    assert odometry.angular_velocity == pytest.approx([0.0, 0.0, 0.5], abs=1e-9)
+    assert odometry.angular == pytest.approx([0.0, 0.0, 0.5], abs=1e-9)
     assert odometry.position[:2] == pytest.approx([0.01, 0.0], abs=1e-9)
+
+
+def test_the_world_reads_out_the_robot_specs_sample_types():
+    """The simulator once had its own JointSample/ImuSample/OdometrySample/PoseSample with
+    other field names, translated in spec_env: one set of sample types now, unstamped."""
+    from unilab_ros.robot import samples
+
+    config = quadruped_config()
+    config.site_poses = SitePosesConfig(sites=["imu"])
+    world = shipped("quadruped.xml", config)
+    for sample, kind in ((world.joint_state(0), samples.JointStateSample),
+                         (world.imu(0), samples.ImuSample),
+                         (world.odometry(0), samples.OdometrySample),
+                         (world.site_pose(0, "imu"), samples.PoseSample)):
+        assert type(sample) is kind and sample.stamp is None
 
 
 def test_the_quadruped_stands_on_its_position_controller_with_gravity_up_in_its_imu():
@@ -289,10 +304,10 @@ def test_a_floating_base_starts_within_its_position_and_yaw_ranges():
     assert np.all(np.abs(positions[:, :2]) <= [0.5, 0.2]) and positions[:, 0].std() > 0.1
     assert positions[:, 2] == pytest.approx([0.22] * 8)
     for pose in poses:
-        x, y, z, w = pose.orientation
+        x, y, z, w = pose.orientation_xyzw
         assert (x, y) == pytest.approx((0.0, 0.0), abs=1e-12), "a turn about z only"
         assert abs(2 * math.atan2(z, w)) <= 1.0
-    assert len({round(pose.orientation[2], 9) for pose in poses}) == 8
+    assert len({round(pose.orientation_xyzw[2], 9) for pose in poses}) == 8
 
 
 def test_robots_of_one_world_never_touch():

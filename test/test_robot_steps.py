@@ -5,6 +5,7 @@ and a short run against the MuJoCo robots."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -16,9 +17,7 @@ from unilab_ros.robot.extract import MissingJoint
 from unilab_ros.robot.joint_commands import JointCommands
 from unilab_ros.robot.observation import ObservationBuilder
 from unilab_ros.robot.samples import (
-    ImuSample,
     JointStateSample,
-    OdometrySample,
     PoseSample,
     TwistSample,
 )
@@ -205,22 +204,16 @@ def test_a_target_read_from_its_topic_enters_the_observation():
 def robot_samples(world, spec) -> dict:
     """The MuJoCo world's samples as the ROS side will decode its messages."""
     t = world.time
-    state = world.joint_state(0)
-    samples = {"joints": JointStateSample(state.names, state.position, state.velocity,
-                                          state.effort, t)}
+    samples = {"joints": replace(world.joint_state(0), stamp=t)}
     for source in spec.sources:
         if source.type == "pose_stamped":
             site = world.site_pose(0, source.topic.removesuffix("/pose"))
-            samples[source.name] = PoseSample(site.position, site.orientation, t)
+            samples[source.name] = replace(site, stamp=t)
         elif source.type == "imu":
-            imu = world.imu(0)
-            samples[source.name] = ImuSample(imu.orientation, imu.angular_velocity,
-                                             imu.linear_acceleration, t)
+            samples[source.name] = replace(world.imu(0), stamp=t)
         elif source.type == "odometry":
-            base = world.odometry(0)
-            samples[source.name] = OdometrySample(base.position, base.orientation,
-                                                  base.linear_velocity,
-                                                  base.angular_velocity, "base_link", t)
+            samples[source.name] = replace(world.odometry(0), child_frame_id="base_link",
+                                           stamp=t)
     return samples
 
 

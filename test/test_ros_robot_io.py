@@ -378,5 +378,5 @@ def test_the_mujoco_nodes_messages_build_the_shipped_specs_observations(path):
                     for j in first.params["joints"]]
     else:
         assert first.kind == "base_lin_vel"
-        expected = first.scale[0] * world.odometry(0).linear_velocity
+        expected = first.scale[0] * world.odometry(0).linear
     np.testing.assert_allclose(obs[:len(expected)], expected, rtol=1e-5, atol=1e-6)

@@ -17,8 +17,8 @@ from rosgraph_msgs.msg import Clock
 from sensor_msgs.msg import Imu, JointState
 from std_msgs.msg import Header
 
+from unilab_ros.robot.samples import ImuSample, JointStateSample, OdometrySample, PoseSample
 from unilab_ros.sims.mujoco_config import ImuConfig
-from unilab_ros.sims.mujoco_world import ImuSample, JointSample, OdometrySample, PoseSample
 
 
 def stamp(time_ns: int) -> Time:
@@ -48,7 +48,7 @@ def _pose(position: np.ndarray, xyzw: np.ndarray) -> Pose:
                 orientation=_quaternion(xyzw))
 
 
-def joint_state_msg(sample: JointSample, time_ns: int) -> JointState:
+def joint_state_msg(sample: JointStateSample, time_ns: int) -> JointState:
     msg = JointState(header=_header(time_ns, ""), name=list(sample.names))
     # From bytes: assigning numpy arrays to sequence fields goes element by element.
     msg.position = array.array("d", sample.position.tobytes())
@@ -63,7 +63,7 @@ def _diagonal(variance: float) -> array.array:
 
 def imu_msg(sample: ImuSample, time_ns: int, frame_id: str, noise: ImuConfig) -> Imu:
     return Imu(header=_header(time_ns, frame_id),
-               orientation=_quaternion(sample.orientation),
+               orientation=_quaternion(sample.orientation_xyzw),
                orientation_covariance=_diagonal(noise.orientation_noise ** 2),
                angular_velocity=_vector(sample.angular_velocity),
                angular_velocity_covariance=_diagonal(noise.angular_velocity_noise ** 2),
@@ -74,12 +74,12 @@ def imu_msg(sample: ImuSample, time_ns: int, frame_id: str, noise: ImuConfig) ->
 def odometry_msg(sample: OdometrySample, time_ns: int, frame_id: str,
                  child_frame_id: str) -> Odometry:
     msg = Odometry(header=_header(time_ns, frame_id), child_frame_id=child_frame_id)
-    msg.pose.pose = _pose(sample.position, sample.orientation)
-    msg.twist.twist = Twist(linear=_vector(sample.linear_velocity),
-                            angular=_vector(sample.angular_velocity))
+    msg.pose.pose = _pose(sample.position, sample.orientation_xyzw)
+    msg.twist.twist = Twist(linear=_vector(sample.linear),
+                            angular=_vector(sample.angular))
     return msg
 
 
 def pose_msg(sample: PoseSample, time_ns: int, frame_id: str) -> PoseStamped:
     return PoseStamped(header=_header(time_ns, frame_id),
-                       pose=_pose(sample.position, sample.orientation))
+                       pose=_pose(sample.position, sample.orientation_xyzw))

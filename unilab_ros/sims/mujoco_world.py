@@ -28,6 +28,7 @@ from pathlib import Path
 import mujoco
 import numpy as np
 
+from unilab_ros.robot.samples import ImuSample, JointStateSample, OdometrySample, PoseSample
 from unilab_ros.sims.mujoco_config import RobotConfig
 
 MODELS_DIR = Path(__file__).resolve().parent / "models"
@@ -62,49 +63,6 @@ def model_path(model: str) -> Path:
         raise WorldConfigError(f"model {model!r} is neither a file nor one of {shipped_names}"
                                f" (or {GYMNASIUM_PREFIX}<asset>.xml)")
     return path
-
-
-@dataclass(frozen=True)
-class JointSample:
-    """Joint states in the published order (names fixed for the world's life)."""
-
-    names: tuple[str, ...]
-    position: np.ndarray
-    velocity: np.ndarray
-    effort: np.ndarray
-    """The actuators' force on each joint (N m or N)."""
-
-
-@dataclass(frozen=True)
-class ImuSample:
-    """What an IMU at a site measures, in the site's frame."""
-
-    orientation: np.ndarray
-    """(x, y, z, w): the site's orientation in the world."""
-    angular_velocity: np.ndarray
-    """rad/s, in the site frame."""
-    linear_acceleration: np.ndarray
-    """Proper acceleration (m/s^2, gravity included: +9.81 up at rest), in the site frame."""
-
-
-@dataclass(frozen=True)
-class OdometrySample:
-    """The floating base: pose in the world, twist in the body frame (child_frame_id)."""
-
-    position: np.ndarray
-    orientation: np.ndarray
-    """(x, y, z, w)."""
-    linear_velocity: np.ndarray
-    angular_velocity: np.ndarray
-
-
-@dataclass(frozen=True)
-class PoseSample:
-    """A site's pose in the world."""
-
-    position: np.ndarray
-    orientation: np.ndarray
-    """(x, y, z, w)."""
 
 
 @dataclass(frozen=True)
@@ -382,11 +340,11 @@ class MujocoWorld:
             self._fresh[robot] = True
         return data
 
-    def joint_state(self, robot: int) -> JointSample:
+    def joint_state(self, robot: int) -> JointStateSample:
         data = self._forward(robot)
-        return JointSample(self.joint_names, data.qpos[self._state_qpos].copy(),
-                           data.qvel[self._state_dof].copy(),
-                           data.qfrc_actuator[self._state_dof].copy())
+        return JointStateSample(self.joint_names, data.qpos[self._state_qpos].copy(),
+                                data.qvel[self._state_dof].copy(),
+                                data.qfrc_actuator[self._state_dof].copy())
 
     @property
     def has_imu(self) -> bool:

@@ -99,14 +99,14 @@ class RobotSpecEnv(gym.Env):
         # Each reader asks the world of the moment: a reseeding reset makes a new one.
         world = self._world
         if kind == "joint_state":
-            return lambda t: _joints(self._world.joint_state(0), t)
+            return lambda t: _stamped(self._world.joint_state(0), t)
         if kind == "imu" and world.has_imu:
-            return lambda t: _imu(self._world.imu(0), t)
+            return lambda t: _stamped(self._world.imu(0), t)
         if kind == "odometry" and world.has_odometry:
-            return lambda t: _odometry(self._world.odometry(0), t)
+            return lambda t: _stamped(self._world.odometry(0), t)
         site = topic.removesuffix("/pose")
         if kind == "pose_stamped" and site in world.site_ids:
-            return lambda t: _pose(self._world.site_pose(0, site), t)
+            return lambda t: _stamped(self._world.site_pose(0, site), t)
         raise ValueError(f"source type {kind!r} on {topic!r} has no counterpart in the "
                          f"MuJoCo robot {self._world_cfg.model!r} in process")
 
@@ -158,23 +158,9 @@ class RobotSpecEnv(gym.Env):
                 code == DoneCode.TERMINATED, code == DoneCode.TRUNCATED, info)
 
 
-def _joints(sample, stamp: float) -> samples.JointStateSample:
-    return samples.JointStateSample(sample.names, sample.position, sample.velocity,
-                                    sample.effort, stamp)
-
-
-def _imu(sample, stamp: float) -> samples.ImuSample:
-    return samples.ImuSample(sample.orientation, sample.angular_velocity,
-                             sample.linear_acceleration, stamp)
-
-
-def _odometry(sample, stamp: float) -> samples.OdometrySample:
-    return samples.OdometrySample(sample.position, sample.orientation, sample.linear_velocity,
-                                  sample.angular_velocity, stamp=stamp)
-
-
-def _pose(sample, stamp: float) -> samples.PoseSample:
-    return samples.PoseSample(sample.position, sample.orientation, stamp)
+def _stamped(sample: samples.Sample, stamp: float) -> samples.Sample:
+    """The world's sample as the robot's node would publish it at ``stamp``."""
+    return dataclasses.replace(sample, stamp=stamp)
 
 
 def spec_training_setup(params_file: str | Path, robot: str, seed: int) -> TrainingSetup:
