@@ -1,6 +1,11 @@
-"""The package's layers, read from its source: the MLX core imports nothing above it, the
-loop's decisions and the robot spec import no ROS, and no two modules import each other
-(even only for type checking), so each layer can be read, tested and reused on its own."""
+"""The package's layers, read from its source, bottom up: ``rl`` (the MLX core) imports
+nothing above it; ``config`` (parameter files) only the core; ``loop`` (the trainer's
+decisions) and ``robot`` (the robot spec) no ROS, and the spec from the loop only the
+vocabulary they share (step types, counters, the action guard); ``ros`` (the helpers the
+nodes share) no node; the nodes' packages (``trainer``, ``deploy``, ``sims``) never import
+each other, and nothing imports the user's ``tools``. The package root holds subpackages
+only, and no two modules import each other (even only for type checking), so each layer
+can be read, tested and reused on its own."""
 
 from __future__ import annotations
 
@@ -10,6 +15,13 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "unilab_ros"
 ROS_PACKAGES = ("rclpy", "std_msgs", "std_srvs", "diagnostic_msgs", "rcl_interfaces",
                 "sensor_msgs", "geometry_msgs", "nav_msgs", "launch", "rosidl")
+
+
+SHARED_WITH_THE_LOOP = ("unilab_ros.loop.steps", "unilab_ros.loop.counters",
+                       "unilab_ros.loop.action_safety")
+"""What the robot spec may import of the loop: the step sources' vocabulary."""
+NODES = ("unilab_ros.trainer", "unilab_ros.deploy", "unilab_ros.sims")
+TOOLS = "unilab_ros.tools"
 
 
 def module_name(path: Path) -> str:
@@ -78,8 +90,45 @@ def test_the_robot_spec_imports_no_ros_and_only_the_layers_below_it():
         ros = {n for n in names if n.split(".")[0] in ROS_PACKAGES}
         assert not ros, f"{name} imports ROS: {sorted(ros)}"
         outside = {m for m in own(names, modules)
-                   if not within(m, "unilab_ros.rl", "unilab_ros.loop", "unilab_ros.robot")}
+                   if not within(m, "unilab_ros.rl", "unilab_ros.robot", *SHARED_WITH_THE_LOOP)}
         assert not outside, f"{name} imports {sorted(outside)}"
+
+
+def test_the_package_root_holds_subpackages_only():
+    # Each module sits in the folder that says what it is (ROS helper, node, tool...).
+    loose = sorted(path.name for path in PACKAGE.glob("*.py") if path.name != "__init__.py")
+    assert not loose, f"modules at the package root: {loose}"
+
+
+def test_parameter_files_import_only_the_core():
+    modules = imports()
+    for name, names in modules.items():
+        if within(name, "unilab_ros.config"):
+            ros = {n for n in names if n.split(".")[0] in ROS_PACKAGES}
+            assert not ros, f"{name} imports ROS: {sorted(ros)}"
+            above = {m for m in own(names, modules)
+                     if not within(m, "unilab_ros.rl", "unilab_ros.config")}
+            assert not above, f"{name} imports {sorted(above)}"
+
+
+def test_the_ros_helpers_import_no_node_and_no_tool():
+    modules = imports()
+    found = [name for name in modules if within(name, "unilab_ros.ros")]
+    assert "unilab_ros.ros.spec_link" in found
+    for name in found:
+        above = {m for m in own(modules[name], modules) if within(m, *NODES, TOOLS)}
+        assert not above, f"{name} imports {sorted(above)}"
+
+
+def test_the_nodes_packages_never_import_each_other_nor_the_tools():
+    modules = imports()
+    for package in NODES:
+        for name, names in modules.items():
+            if not within(name, package):
+                continue
+            others = {m for m in own(names, modules)
+                      if within(m, *(p for p in NODES if p != package), TOOLS)}
+            assert not others, f"{name} imports {sorted(others)}"
 
 
 def test_no_import_cycles():
