@@ -107,6 +107,9 @@ class PPOAgent:
                 f"{rollout} samples of a rollout (num_envs x num_steps)"
             )
         self.model_cfg = model_cfg or ModelConfig()
+        if self.model_cfg.squash_output:
+            raise ValueError("model.squash_output is an off-policy actor's deployed form: PPO "
+                             "trains a linear mean (fine-tune it with algorithm: sac)")
         mx.random.seed(cfg.seed)
         self.model = MLPActorCritic(cfg.obs_dim, cfg.action_dim, self.model_cfg)
         self.trainer = PPOTrainer(

@@ -103,7 +103,8 @@ class PolicyBundle:
 
 
 def _is_policy_array(name: str) -> bool:
-    return name.startswith("actor.") or name in (*NORMALIZER_KEYS, "std", "log_std")
+    return name.startswith("actor.") or name in (*NORMALIZER_KEYS, "std", "log_std",
+                                                 "squash_center", "squash_scale")
 
 
 def bundle_from_checkpoint(

@@ -43,6 +43,10 @@ class ModelConfig:
     """Normalized observations are clipped to +-this value; so are, once the normalizer
     has seen 1,000 samples, those that update its statistics (a sensor glitch then
     barely moves them)."""
+    squash_output: bool = False
+    """The mean action is squashed by tanh onto a box: ``squash_center + squash_scale *
+    tanh(mean)``, two arrays of the model. That is the off-policy learner's actor as a
+    bundle deploys it; PPO trains a linear mean and refuses it."""
     normalizer_keeps_outputs: bool = False
     """When an input's spread narrows (its std falls at an update), fold the change of its
     statistics into the first layer of the actor and of the critic (weights x s'/s, bias
@@ -124,6 +128,10 @@ class MLPActorCritic(nn.Module):
         else:
             self.log_std = mx.full((action_dim,), math.log(cfg.init_noise_std))
         self.normalizer = RunningNormalizer(obs_dim, clip=cfg.observation_clip)
+        if cfg.squash_output:
+            self.squash_center = mx.zeros((action_dim,))
+            self.squash_scale = mx.ones((action_dim,))
+            self.freeze(keys=["squash_center", "squash_scale"], recurse=False)
         self._log_min_std = math.log(cfg.min_std)
         self._log_max_std = math.log(cfg.max_std)
 
@@ -174,4 +182,7 @@ class MLPActorCritic(nn.Module):
 
     def policy(self, obs: mx.array) -> mx.array:
         """Deterministic (mean) actions, for evaluation and deployment."""
-        return self.actor(self.normalize(obs))
+        mean = self.actor(self.normalize(obs))
+        if self.cfg.squash_output:
+            return self.squash_center + self.squash_scale * mx.tanh(mean)
+        return mean

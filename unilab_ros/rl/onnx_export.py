@@ -135,6 +135,12 @@ def actor_graph(bundle: PolicyBundle) -> onnx.ModelProto:
         x = graph.op("Gemm", [x, weight, bias], transB=1)
         if index < len(layers) - 1:
             x = activation(graph, x)
+    if cfg.squash_output:
+        x = graph.op("Tanh", [x])
+        x = graph.op("Mul", [x, graph.constant("squash_scale", np.array(model.squash_scale,
+                                                                        np.float32))])
+        x = graph.op("Add", [x, graph.constant("squash_center", np.array(model.squash_center,
+                                                                         np.float32))])
     mapper = ActionMapper(bundle.actions, 1, bundle.action_dim)
     x = graph.op("Mul", [x, graph.constant("action_scale", mapper.scale)])
     x = graph.op("Max", [x, graph.constant("action_low", mapper.low)])

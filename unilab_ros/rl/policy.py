@@ -51,6 +51,8 @@ def _actor_arrays(model: MLPActorCritic) -> tuple[mx.array, ...]:
     """
     normalizer = model["normalizer"]
     arrays = [normalizer["mean"], normalizer["var"], model[_std_name(model)]]
+    if model.cfg.squash_output:
+        arrays += (model["squash_center"], model["squash_scale"])
     for layer in model["actor"]["layers"]:
         arrays += (layer["weight"], layer["bias"])
     return tuple(arrays)
@@ -69,6 +71,10 @@ class _NumpyActor:
         self.activation = activation
         obs_mean, obs_var, std_param, *layers = (np.array(a, np.float32) for a in arrays)
         cfg, normalizer = model.cfg, model.normalizer
+        self.squash = None
+        if cfg.squash_output:
+            center, scale, *layers = layers
+            self.squash = (center, scale)
         self.normalization = None
         if cfg.normalize_observations:
             scale = 1.0 / np.sqrt(obs_var + np.float32(normalizer._epsilon))
@@ -92,7 +98,11 @@ class _NumpyActor:
         *hidden, (weight, bias) = self.layers
         for hidden_weight, hidden_bias in hidden:
             x = self.activation(x @ hidden_weight + hidden_bias)
-        return x @ weight + bias
+        mean = x @ weight + bias
+        if self.squash is not None:
+            center, scale = self.squash
+            return center + scale * np.tanh(mean)
+        return mean
 
 
 class PolicySampler:
