@@ -7,6 +7,7 @@ import rclpy
 from rcl_interfaces.msg import ParameterType
 from rclpy.parameter import Parameter
 
+from unilab_ros.config.parameter_files import field_docs
 from unilab_ros.loop.config import LoopConfig
 from unilab_ros.loop.watchdog import WatchdogConfig
 from unilab_ros.rl.actions import ActionConfig
@@ -17,7 +18,6 @@ from unilab_ros.rl.ppo_runtime import PPORuntimeConfig
 from unilab_ros.ros.params import (
     ConfigError,
     declare_config,
-    field_docs,
     read_config,
     unknown_parameters,
 )

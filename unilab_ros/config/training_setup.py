@@ -8,13 +8,19 @@ setting tuned once holds for both paths. The files are keyed like ROS params fil
 
 from __future__ import annotations
 
-import dataclasses
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
 
 import yaml
 
+from unilab_ros.config.parameter_files import (
+    build,
+    field_names,
+    node_parameters,
+    unknown_keys,
+    unknown_message,
+)
 from unilab_ros.rl.actions import ActionConfig
 from unilab_ros.rl.agent import AgentConfig
 from unilab_ros.rl.model import ModelConfig
@@ -23,7 +29,7 @@ from unilab_ros.rl.ppo_runtime import PPORuntimeConfig
 
 TRAINER_KEY = "unilab_trainer"
 BRIDGE_KEY = "gym_env"
-Config = TypeVar("Config")
+LOG = logging.getLogger(__name__)
 
 
 @dataclass
@@ -44,29 +50,23 @@ class TrainingSetup:
     actions: ActionConfig = field(default_factory=ActionConfig)
 
 
-def _node_parameters(document: dict[str, Any], node: str) -> dict[str, Any]:
-    """The ``ros__parameters`` of the entry whose key ends with ``node``."""
-    for key, entry in (document or {}).items():
-        if str(key).rstrip("/").split("/")[-1] == node and isinstance(entry, dict):
-            return dict(entry.get("ros__parameters") or {})
-    return {}
-
-
-def _build(cls: type[Config], values: dict[str, Any]) -> Config:
-    """``cls`` from the keys of ``values`` that name its fields; the rest is not its."""
-    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    return cls(**{k: v for k, v in values.items() if k in names})
-
-
 def load_setup(params_file: str | Path) -> TrainingSetup:
     """Read a params file into a ``TrainingSetup`` (dataclass defaults where it is silent)."""
     with open(params_file) as handle:
         document = yaml.safe_load(handle)
-    trainer = _node_parameters(document, TRAINER_KEY)
-    bridge = _node_parameters(document, BRIDGE_KEY)
+    trainer = node_parameters(document, TRAINER_KEY)
+    bridge = node_parameters(document, BRIDGE_KEY)
     if not trainer:
         raise ValueError(f"{params_file} has no {TRAINER_KEY} ros__parameters")
-    agent = _build(AgentConfig, trainer)
+    model, ppo = trainer.get("model") or {}, trainer.get("ppo") or {}
+    # The sections this run reads whole; the trainer node's own top-level keys are the
+    # node's to check (it warns at start).
+    unknown = [*unknown_keys(model, field_names(ModelConfig), "model"),
+               *unknown_keys(ppo, field_names(PPOConfig, PPORuntimeConfig), "ppo")]
+    if unknown:
+        LOG.warning(unknown_message(unknown, f"{params_file}: the fields of ModelConfig, "
+                                    "PPOConfig and PPORuntimeConfig are the keys"))
+    agent = build(AgentConfig, trainer)
     if "seed" in bridge and "seed" not in trainer:
         agent.seed = int(bridge["seed"])
     return TrainingSetup(
@@ -74,8 +74,8 @@ def load_setup(params_file: str | Path) -> TrainingSetup:
         max_episode_steps=int(bridge.get("max_episode_steps", 0)),
         max_iterations=int(trainer.get("max_iterations", 0)),
         agent=agent,
-        model=_build(ModelConfig, trainer.get("model") or {}),
-        ppo=_build(PPOConfig, trainer.get("ppo") or {}),
-        runtime=_build(PPORuntimeConfig, trainer.get("ppo") or {}),
-        actions=_build(ActionConfig, trainer),
+        model=build(ModelConfig, model),
+        ppo=build(PPOConfig, ppo),
+        runtime=build(PPORuntimeConfig, ppo),
+        actions=build(ActionConfig, trainer),
     )

@@ -7,11 +7,7 @@ fixed by that default, and its attribute docstring as the description, so
 
 from __future__ import annotations
 
-import ast
 import dataclasses
-import functools
-import inspect
-import textwrap
 from collections.abc import Collection
 from typing import Any, TypeVar
 
@@ -24,33 +20,13 @@ from rclpy.exceptions import (
 from rclpy.node import Node
 from rclpy.parameter import Parameter
 
+from unilab_ros.config.parameter_files import field_docs, unknown_message
+
 Config = TypeVar("Config")
 
 
 class ConfigError(ValueError):
     """A parameter value the node cannot start with; the message is one line."""
-
-
-@functools.cache
-def field_docs(cls: type) -> dict[str, str]:
-    """The attribute docstrings of a dataclass, by field name."""
-    docs: dict[str, str] = {}
-    for klass in reversed(cls.__mro__):
-        try:
-            tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
-        except (OSError, TypeError, SyntaxError):
-            continue
-        body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
-        for node, following in zip(body, body[1:], strict=False):
-            if (
-                isinstance(node, ast.AnnAssign)
-                and isinstance(node.target, ast.Name)
-                and isinstance(following, ast.Expr)
-                and isinstance(following.value, ast.Constant)
-                and isinstance(following.value.value, str)
-            ):
-                docs[node.target.id] = " ".join(following.value.value.split())
-    return docs
 
 
 def _name(prefix: str, field_name: str) -> str:
@@ -148,9 +124,7 @@ def warn_unknown_parameters(node: Node, qos_overrides: bool = False) -> None:
     unknown = unknown_parameters(node, qos_overrides)
     if unknown:
         node.get_logger().warning(
-            f"unknown parameter(s) ignored: {', '.join(unknown)} "
-            "(misspelled? `ros2 param list` shows the declared ones)"
-        )
+            unknown_message(unknown, "`ros2 param list` shows the declared ones"))
 
 
 def read_config(node: Node, cls: type[Config], prefix: str = "") -> Config:
