@@ -3,12 +3,14 @@ a replay file seeds another agent; bad files are refused with the reason."""
 
 from __future__ import annotations
 
+import mlx.core as mx
 import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
 from unilab_ros.rl.agent import AgentConfig
-from unilab_ros.rl.checkpoint import CheckpointError
+from unilab_ros.rl.bundle import read_policy
+from unilab_ros.rl.checkpoint import Checkpoint, CheckpointError
 from unilab_ros.rl.sac_agent import SACAgent
 from unilab_ros.rl.sac_checkpoint import (
     load_replay,
@@ -39,7 +41,7 @@ def test_a_resumed_learner_has_the_weights_optimizers_counters_streams_and_repla
     path = save_sac_checkpoint(tmp_path / "latest", agent)
     assert path.name == "latest.safetensors" and replay_path(path).is_file()
     fresh = SACAgent(SIZES, CFG)
-    restore_sac(fresh, path)
+    restore_sac(fresh, Checkpoint(path))
     for (name, a), (_, b) in zip(tree_flatten(agent.model.parameters()),
                                  tree_flatten(fresh.model.parameters()), strict=True):
         np.testing.assert_array_equal(np.array(a), np.array(b), err_msg=name)
@@ -70,7 +72,26 @@ def test_a_saved_replay_seeds_a_new_agent_and_a_foreign_one_is_refused(tmp_path)
     with pytest.raises(CheckpointError, match="obs_dim"):
         load_replay(path, wrong)
     with pytest.raises(CheckpointError, match="another shape"):
-        restore_sac(wrong, save_sac_checkpoint(tmp_path / "x", agent, with_replay=False))
+        restore_sac(wrong, Checkpoint(save_sac_checkpoint(tmp_path / "x", agent,
+                                                          with_replay=False)))
     (tmp_path / "junk.safetensors").write_bytes(b"not a checkpoint")
     with pytest.raises(CheckpointError, match="cannot read"):
-        restore_sac(other, tmp_path / "junk.safetensors")
+        Checkpoint(tmp_path / "junk.safetensors")
+
+
+def test_a_sac_checkpoint_is_read_as_any_checkpoint_and_serves_its_actor(tmp_path):
+    agent = trained(15)
+    path = save_sac_checkpoint(tmp_path / "best", agent, {"best_mean_return": 1.5})
+    checkpoint = Checkpoint(path)
+    assert (checkpoint.algorithm, checkpoint.iteration, checkpoint.env_steps) == (
+        "sac", agent.iteration, agent.env_steps)
+    assert checkpoint.extra["best_mean_return"] == 1.5 and checkpoint.ppo_cfg is None
+    obs = np.random.default_rng(3).standard_normal((5, 3)).astype(np.float32)
+    actor = read_policy(path).model()
+    np.testing.assert_allclose(np.array(actor.policy(mx.array(obs))),
+                               agent.act(obs, deterministic=True), atol=1e-5)
+    from unilab_ros.rl.agent import PPOAgent
+    from unilab_ros.rl.checkpoint import restore_agent
+
+    with pytest.raises(CheckpointError, match="algorithm sac"):
+        restore_agent(PPOAgent(AgentConfig(num_envs=2, obs_dim=3, action_dim=2)), checkpoint)

@@ -138,13 +138,18 @@ class Checkpoint:
         if meta.get("format") != FORMAT:
             raise CheckpointError(f"{self.path} is not a {FORMAT} file")
         self.arrays: dict[str, mx.array] = arrays
+        self.metadata: dict[str, str] = meta
+        """The raw metadata (a learner's own entries beside the common ones)."""
         self.ignored_fields: list[str] = []
         """Config fields named by the file that this version no longer has."""
         try:
             self.kind = meta["kind"]
             self.agent_cfg = self._config(AgentConfig, "agent", meta)
             self.model_cfg = self._config(ModelConfig, "model", meta)
-            self.ppo_cfg = self._config(PPOConfig, "ppo", meta)
+            self.algorithm = meta.get("algorithm", "ppo")
+            """Which learner wrote it: ppo, or sac (``sac_checkpoint``: its ``model`` is the
+            deployable actor, its training state under ``sac/``)."""
+            self.ppo_cfg = self._config(PPOConfig, "ppo", meta) if "ppo" in meta else None
             self.action_cfg: ActionConfig | None = (
                 self._config(ActionConfig, "actions", meta) if "actions" in meta else None
             )
@@ -199,6 +204,9 @@ def restore_agent(agent: PPOAgent, checkpoint: Checkpoint) -> None:
     """Continue training from ``checkpoint``: weights, optimizer, schedule, RNG, counters."""
     if checkpoint.kind != "training":
         raise CheckpointError(f"{checkpoint.path} is a policy export, not a training checkpoint")
+    if checkpoint.algorithm != "ppo":
+        raise CheckpointError(f"{checkpoint.path} was trained with algorithm "
+                              f"{checkpoint.algorithm}, not ppo")
     checkpoint.load_model_into(agent.model)
     trainer = agent.trainer
     optimizer_state = checkpoint.group("optimizer")

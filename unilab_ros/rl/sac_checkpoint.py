@@ -16,26 +16,27 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, fields
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
 import numpy as np
-from mlx.utils import tree_flatten, tree_map_with_path, tree_unflatten
+from mlx.utils import tree_flatten, tree_map_with_path
 
-from unilab_ros.rl.agent import AgentConfig
+from unilab_ros.rl.actions import ActionConfig
+from unilab_ros.rl.checkpoint import FORMAT as CHECKPOINT_FORMAT
 from unilab_ros.rl.checkpoint import (
     SUFFIX,
+    Checkpoint,
     CheckpointError,
     check_stored_arrays,
     package_versions,
 )
 from unilab_ros.rl.files import write_atomically
 from unilab_ros.rl.sac_agent import SACAgent
-from unilab_ros.rl.sac_config import SACConfig
+from unilab_ros.rl.sac_bundle import sac_model_config, sac_policy_arrays
 
-FORMAT = "unilab_ros.sac_checkpoint/1"
 REPLAY_FORMAT = "unilab_ros.replay/1"
 REPLAY_SUFFIX = ".replay" + SUFFIX
 
@@ -52,26 +53,38 @@ def _flat(prefix: str, tree: Any) -> dict[str, mx.array]:
 
 
 def save_sac_checkpoint(path: str | os.PathLike[str], agent: SACAgent,
-                        extra: dict[str, Any] | None = None, with_replay: bool = True) -> Path:
-    """Everything needed to resume training, and (``with_replay``) the replay beside it."""
+                        extra: dict[str, Any] | None = None,
+                        actions: ActionConfig | None = None, with_replay: bool = True,
+                        kind: str = "training") -> Path:
+    """Everything needed to resume training (``kind`` "policy": the deployable actor only),
+    and (``with_replay``) the replay beside it. The file is a checkpoint of the package's
+    one format (``checkpoint.Checkpoint`` reads it, ``algorithm: sac``): its ``model`` is
+    the deployable actor (``sac_bundle``), so bundles and deployments take it as they take
+    PPO's; the learner's own state is under ``sac/`` and ``optimizer<i>/``."""
     path = Path(path)
     path = path if path.name.endswith(SUFFIX) else path.with_name(path.name + SUFFIX)
-    learner = agent.learner
-    arrays = {**_flat("model", agent.model.parameters()),
-              **{k: v for i, o in enumerate(learner.optimizers)
-                 for k, v in _flat(f"optimizer{i}", o.state).items()}}
+    arrays = {f"model/{name}": value for name, value in sac_policy_arrays(agent).items()}
     meta = {
-        "format": FORMAT, "algorithm": "sac", "kind": "training",
-        "agent": json.dumps(asdict(agent.cfg)), "sac": json.dumps(asdict(agent.sac_cfg)),
-        "counters": json.dumps({"iteration": agent.iteration, "env_steps": agent.env_steps,
-                                "updates_owed": agent.updates_owed,
-                                "nonfinite_steps": agent.nonfinite_steps,
-                                "gradient_steps": learner.steps}),
-        "rng": json.dumps({"act": agent.act_rng_state(), "batch": agent.batch_rng_state()}),
+        "format": CHECKPOINT_FORMAT, "algorithm": "sac", "kind": kind,
+        "agent": json.dumps(asdict(agent.cfg)),
+        "model": json.dumps(asdict(sac_model_config(agent))),
+        "sac": json.dumps(asdict(agent.sac_cfg)),
+        "iteration": str(agent.iteration), "env_steps": str(agent.env_steps),
         "versions": json.dumps(package_versions()), "extra": json.dumps(extra or {}),
+        **({"actions": json.dumps(asdict(actions))} if actions is not None else {}),
     }
-    if with_replay:
-        save_replay(replay_path(path), agent)
+    if kind == "training":
+        learner = agent.learner
+        arrays |= _flat("sac", agent.model.parameters())
+        arrays |= {k: v for i, o in enumerate(learner.optimizers)
+                   for k, v in _flat(f"optimizer{i}", o.state).items()}
+        meta["counters"] = json.dumps({"updates_owed": agent.updates_owed,
+                                       "nonfinite_steps": agent.nonfinite_steps,
+                                       "gradient_steps": learner.steps})
+        meta["rng"] = json.dumps({"act": agent.act_rng_state(),
+                                  "batch": agent.batch_rng_state()})
+        if with_replay:
+            save_replay(replay_path(path), agent)
     return write_atomically(path, lambda tmp: mx.save_safetensors(str(tmp), arrays,
                                                                  metadata=meta))
 
@@ -104,66 +117,36 @@ def load_replay(path: str | os.PathLike[str], agent: SACAgent) -> int:
     return agent.replay.size
 
 
-def _config(cls: type, meta: dict[str, str], key: str) -> Any:
-    values = json.loads(meta[key])
-    known = {f.name for f in fields(cls)}
-    return cls(**{name: value for name, value in values.items() if name in known})
-
-
-def read_sac_configs(path: str | os.PathLike[str]) -> tuple[AgentConfig, SACConfig]:
-    """The sizes and settings a checkpoint was trained with."""
-    _, meta = _load(path)
-    return _config(AgentConfig, meta, "agent"), _config(SACConfig, meta, "sac")
-
-
-def _load(path: str | os.PathLike[str]) -> tuple[dict[str, mx.array], dict[str, str]]:
-    if not Path(path).is_file():
-        raise CheckpointError(f"no checkpoint at {path}")
-    try:
-        arrays, meta = mx.load(str(path), return_metadata=True)
-    except (RuntimeError, ValueError, OSError) as error:
-        raise CheckpointError(f"cannot read {path}: {error}") from error
-    if meta.get("format") != FORMAT:
-        raise CheckpointError(f"{path} is not a {FORMAT} file")
-    return arrays, meta
-
-
-def restore_sac(agent: SACAgent, path: str | os.PathLike[str], with_replay: bool = True) -> None:
-    """Continue training from ``path`` (and its replay, when there is one)."""
-    arrays, meta = _load(path)
-
-    def group(prefix: str) -> Any:
-        start = len(prefix) + 1
-        return tree_unflatten([(k[start:], v) for k, v in arrays.items()
-                               if k.startswith(prefix + "/")])
-
-    model = group("model")
+def restore_sac(agent: SACAgent, checkpoint: Checkpoint, with_replay: bool = True) -> None:
+    """Continue training from ``checkpoint`` (and its replay, when there is one)."""
+    path = checkpoint.path
+    if checkpoint.kind != "training" or checkpoint.algorithm != "sac":
+        raise CheckpointError(f"{path} is not a training checkpoint of algorithm sac")
+    model = checkpoint.group("sac")
     expected = dict(tree_flatten(agent.model.parameters()))
     found = dict(tree_flatten(model))
     if expected.keys() != found.keys() or any(expected[k].shape != found[k].shape
                                                for k in expected):
         raise CheckpointError(f"{path} holds networks of another shape than the configured "
                               "ones (obs_dim/action_dim/hidden dims/critics differ)")
-    try:
-        check_stored_arrays(found, prefix="model/")
-        counters = json.loads(meta["counters"])
-        rng = json.loads(meta["rng"])
-    except (ValueError, KeyError) as error:
-        raise CheckpointError(f"{path}: {error}") from None
-    agent.model.update(model)
     states = []
     for i, optimizer in enumerate(agent.learner.optimizers):
-        stored = {k[len(f"optimizer{i}/"):]: v for k, v in arrays.items()
-                  if k.startswith(f"optimizer{i}/")}
+        stored = dict(tree_flatten(checkpoint.group(f"optimizer{i}")))
         if stored.keys() != dict(tree_flatten(optimizer.state)).keys():
             raise CheckpointError(f"{path}: optimizer {i}'s state does not fit the networks")
         states.append(tree_map_with_path(lambda name, _, s=stored: s[name], optimizer.state))
+    try:
+        check_stored_arrays(found, prefix="sac/")
+        meta = checkpoint.metadata
+        counters, rng = json.loads(meta["counters"]), json.loads(meta["rng"])
+    except (ValueError, KeyError) as error:
+        raise CheckpointError(f"{path}: {error}") from None
+    agent.model.update(model)
     # In place: the compiled step holds these very dicts as its state.
     for optimizer, state in zip(agent.learner.optimizers, states, strict=True):
         optimizer.state.update(state)
     agent.set_rng_states(rng["act"], rng["batch"])
-    agent.iteration = int(counters["iteration"])
-    agent.env_steps = int(counters["env_steps"])
+    agent.iteration, agent.env_steps = checkpoint.iteration, checkpoint.env_steps
     agent.updates_owed = float(counters["updates_owed"])
     agent.nonfinite_steps = int(counters["nonfinite_steps"])
     agent.learner.steps = int(counters["gradient_steps"])
