@@ -26,6 +26,7 @@ from unilab_ros.rl.agent import AgentConfig
 from unilab_ros.rl.model import ModelConfig
 from unilab_ros.rl.ppo_config import PPOConfig
 from unilab_ros.rl.ppo_runtime import PPORuntimeConfig
+from unilab_ros.rl.sac_config import SACConfig
 
 TRAINER_KEY = "unilab_trainer"
 BRIDGE_KEY = "gym_env"
@@ -48,6 +49,9 @@ class TrainingSetup:
     runtime: PPORuntimeConfig = field(default_factory=PPORuntimeConfig)
     """How the update runs; its keys share the params file's ``ppo`` section."""
     actions: ActionConfig = field(default_factory=ActionConfig)
+    algorithm: str = "ppo"
+    """The learner (the trainer's ``algorithm``): ppo or sac."""
+    sac: SACConfig = field(default_factory=SACConfig)
 
 
 def load_setup(params_file: str | Path) -> TrainingSetup:
@@ -59,13 +63,15 @@ def load_setup(params_file: str | Path) -> TrainingSetup:
     if not trainer:
         raise ValueError(f"{params_file} has no {TRAINER_KEY} ros__parameters")
     model, ppo = trainer.get("model") or {}, trainer.get("ppo") or {}
+    sac = trainer.get("sac") or {}
     # The sections this run reads whole; the trainer node's own top-level keys are the
     # node's to check (it warns at start).
     unknown = [*unknown_keys(model, field_names(ModelConfig), "model"),
-               *unknown_keys(ppo, field_names(PPOConfig, PPORuntimeConfig), "ppo")]
+               *unknown_keys(ppo, field_names(PPOConfig, PPORuntimeConfig), "ppo"),
+               *unknown_keys(sac, field_names(SACConfig), "sac")]
     if unknown:
         LOG.warning(unknown_message(unknown, f"{params_file}: the fields of ModelConfig, "
-                                    "PPOConfig and PPORuntimeConfig are the keys"))
+                                    "PPOConfig, PPORuntimeConfig and SACConfig are the keys"))
     agent = build(AgentConfig, trainer)
     if "seed" in bridge and "seed" not in trainer:
         agent.seed = int(bridge["seed"])
@@ -78,4 +84,6 @@ def load_setup(params_file: str | Path) -> TrainingSetup:
         ppo=build(PPOConfig, ppo),
         runtime=build(PPORuntimeConfig, ppo),
         actions=build(ActionConfig, trainer),
+        algorithm=str(trainer.get("algorithm", "ppo")),
+        sac=build(SACConfig, sac),
     )

@@ -9,7 +9,8 @@ Each robot (``robot_state.Robot``) is an environment of ``n`` rows with its own 
 action guard and watchdog, and steps at its own pace: the policy acts on a robot's
 observation as soon as its step is complete, and nobody waits for anybody. Robot r's
 envs are rows r*n..(r+1)*n-1 of the agent's ``num_envs``; its steps go into the shared
-rollout through ``LaneRollout``, so the rollout holds only steps that were taken. One
+rollout through the agent's collector (``rl.algorithm``: PPO's ``LaneRollout``, or the
+off-policy learner's replay), so it holds only steps that were taken. One
 robot is the plain case: its lanes are the rollout's columns.
 
 A robot whose step misses ``step_timeout`` stalls: its episodes in progress are cut
@@ -44,11 +45,11 @@ from unilab_ros.loop.step_sync import StepSync
 from unilab_ros.loop.steps import SegmentStart, StepSource, Transition
 from unilab_ros.loop.watchdog import Watchdog, WatchdogConfig
 from unilab_ros.rl.actions import ActionMapper
-from unilab_ros.rl.agent import PPOAgent, StepOfEnvs
+from unilab_ros.rl.agent import StepOfEnvs
+from unilab_ros.rl.algorithm import Agent, acted_outputs, collector
 from unilab_ros.rl.best import BestPolicy
 from unilab_ros.rl.checkpoint import all_finite
 from unilab_ros.rl.episodes import EpisodeStats
-from unilab_ros.rl.lanes import LaneRollout
 
 
 class TrainingLoop:
@@ -57,7 +58,7 @@ class TrainingLoop:
     def __init__(
         self,
         cfg: LoopConfig,
-        agent: PPOAgent,
+        agent: Agent,
         actions: ActionMapper,
         robots: list[str] | None = None,
         stats: EpisodeStats | None = None,
@@ -96,7 +97,7 @@ class TrainingLoop:
         for robot in self.robots:
             # Each robot stood at the safe action before its first command: blend in.
             robot.guard.hold()
-        self.lanes = LaneRollout(agent)
+        self.lanes = collector(agent)
         self.estop = False
         self.phase = Phase.WAITING
         self.updates_run = 0
@@ -253,8 +254,7 @@ class TrainingLoop:
             robot.source.action_sent(obs, self._in_policy_units(command), stamp, now)
             return PublishAction(r, command, estop=True, rejoined=rejoined)
         actions = self.agent.act(obs, deterministic=self.cfg.deterministic)
-        sampler = self.agent.sampler
-        robot.policy_outputs = (sampler.last_mean, sampler.last_std)
+        robot.policy_outputs = acted_outputs(self.agent, len(actions))
         mapped = self.actions(actions)
         command, finite = robot.guard.command(mapped)
         restored = False

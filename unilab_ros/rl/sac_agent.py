@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from dataclasses import replace
 
 import mlx.core as mx
 import numpy as np
@@ -68,6 +69,9 @@ class SACAgent:
     def __init__(self, cfg: AgentConfig, sac_cfg: SACConfig | None = None,
                  action_bounds: tuple[np.ndarray, np.ndarray] | None = None) -> None:
         cfg.validate()
+        if cfg.normalize_rewards:
+            raise ValueError("normalize_rewards follows PPO's discounted returns; the "
+                             "off-policy learner takes reward_scale only")
         sac_cfg = sac_cfg or SACConfig()
         sac_cfg.validate()
         self.cfg, self.sac_cfg = cfg, sac_cfg
@@ -85,7 +89,9 @@ class SACAgent:
         self._batch_rng = np.random.default_rng(seed + 3)
         self._actor = _NumpyActor(self.model)
         self.iteration = 0
-        """Learning phases run (``update`` calls that took a gradient step)."""
+        """Learning phases run (``update`` calls; the first ones, before ``learning_starts``,
+        take no gradient step), so ``iteration x num_envs x num_steps`` env steps were
+        collected, as with PPO."""
         self.env_steps = 0
         self.updates_owed = 0.0
         """Gradient steps the update-to-data ratio has asked for and not yet run."""
@@ -118,6 +124,7 @@ class SACAgent:
         ``next_obs``); the observation statistics follow the states seen (replay keeps them
         raw)."""
         obs = np.asarray(obs, np.float32).reshape(-1, self.obs_dim)
+        rewards = np.asarray(rewards, np.float32) * self.cfg.reward_scale
         self.replay.add(obs, self.squash(actions).reshape(len(obs), -1), rewards, dones, envs,
                         next_obs)
         if self.sac_cfg.normalize_observations:
@@ -182,8 +189,7 @@ class SACAgent:
         """A learning phase between two chunks of collection: every owed gradient step.
         ``last_obs`` (PPO's bootstrap states) is not needed: replay holds next states."""
         metrics = self.learn()
-        if metrics:
-            self.iteration += 1
+        self.iteration += 1
         metrics["update_time"] = metrics.pop("learn_time", 0.0)
         metrics["nonfinite_steps"] = float(self.nonfinite_steps)
         return metrics
@@ -223,3 +229,16 @@ class ReplayCollector:
     def clear(self) -> None:
         """After a learning phase: count the next chunk."""
         self.filled[:] = 0
+
+
+def sac_warm_up(cfg: AgentConfig, sac_cfg: SACConfig) -> float:
+    """One gradient step of a throwaway learner of these sizes, so MLX compiles the step
+    before the first action (as ``agent.warm_up_update`` does for PPO); its seconds."""
+    start = time.perf_counter()
+    warm = SACAgent(cfg, replace(sac_cfg, learning_starts=0, buffer_size=cfg.num_envs * 2))
+    rng = np.random.default_rng(cfg.seed)
+    for _ in range(2):
+        obs = rng.standard_normal((cfg.num_envs, cfg.obs_dim)).astype(np.float32)
+        warm.record(obs, warm.act(obs), np.zeros(cfg.num_envs), np.zeros(cfg.num_envs, np.uint8))
+    warm.learn(max_steps=1)
+    return time.perf_counter() - start

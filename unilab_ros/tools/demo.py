@@ -20,7 +20,7 @@ from unilab_ros.config.paths import config_file
 from unilab_ros.config.training_setup import TrainingSetup, load_setup
 from unilab_ros.loop.config import LoopConfig
 from unilab_ros.loop.decisions import BeginUpdate, PublishAction
-from unilab_ros.rl.agent import PPOAgent
+from unilab_ros.rl.algorithm import Agent, update_summary
 from unilab_ros.rl.best import BestPolicy
 from unilab_ros.rl.compute import compute_description
 from unilab_ros.rl.episodes import EpisodeStats
@@ -28,7 +28,7 @@ from unilab_ros.rl.finetune import FineTuneConfig
 from unilab_ros.sims.gym_vector import GymVectorSim
 from unilab_ros.trainer.session import SessionConfig, build_session
 
-IterationCallback = Callable[[PPOAgent, EpisodeStats, dict[str, float]], None]
+IterationCallback = Callable[[Agent, EpisodeStats, dict[str, float]], None]
 
 
 def train(
@@ -37,7 +37,7 @@ def train(
     on_iteration: IterationCallback | None = None,
     best: BestPolicy | None = None,
     fine_tune: FineTuneConfig | None = None,
-) -> tuple[PPOAgent, EpisodeStats]:
+) -> tuple[Agent, EpisodeStats]:
     """Train ``iterations`` rollouts (from ``fine_tune.init_from`` when given); after each
     update, offer the policy to ``best`` and call ``on_iteration``. Env i is seeded with
     ``setup.agent.seed + i``."""
@@ -49,7 +49,7 @@ def train(
         session = build_session(SessionConfig(
             cfg, setup.model, setup.ppo, setup.runtime, setup.actions,
             LoopConfig(checkpoint_interval=0, max_iterations=iterations),
-            fine_tune=fine_tune or FineTuneConfig(),
+            fine_tune=fine_tune or FineTuneConfig(), algorithm=setup.algorithm, sac=setup.sac,
         ), best)
         loop, agent = session.loop, session.loop.agent
         # One clock for everything: steps never time out, the watchdog never fires, and
@@ -93,13 +93,12 @@ def main(argv: list[str] | None = None) -> None:
     start = time.perf_counter()
     best = BestPolicy()
 
-    def progress(agent: PPOAgent, stats: EpisodeStats, m: dict[str, float]) -> None:
+    def progress(agent: Agent, stats: EpisodeStats, m: dict[str, float]) -> None:
         rate = agent.env_steps / (time.perf_counter() - start)
         print(
             f"iter {agent.iteration:4d}  steps {agent.env_steps:7d}  "
             f"return {stats.mean_return:8.1f}  best {best.mean_return:8.1f}  "
-            f"kl max {m['approx_kl_max']:.4f}  lr {m['learning_rate']:.1e}  "
-            f"std {m['std_mean']:.3f}  {rate:6.0f} steps/s  update {m['update_time']:.2f}s",
+            f"{update_summary(m)}  {rate:6.0f} steps/s  update {m['update_time']:.2f}s",
             flush=True,
         )
 

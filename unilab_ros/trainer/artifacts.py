@@ -18,14 +18,13 @@ from typing import Any
 
 from unilab_ros.loop.counters import Counters
 from unilab_ros.rl.actions import ActionConfig
-from unilab_ros.rl.agent import PPOAgent
+from unilab_ros.rl.algorithm import Agent, bundle_of, save_training
 from unilab_ros.rl.best import BestPolicy
-from unilab_ros.rl.bundle import bundle_from_agent, save_bundle
+from unilab_ros.rl.bundle import save_bundle
 from unilab_ros.rl.checkpoint import (
     Checkpoint,
     CheckpointError,
     remove_stale_temporaries,
-    save_checkpoint,
 )
 from unilab_ros.rl.episodes import EpisodeStats
 from unilab_ros.trainer.metrics_log import MetricsLog
@@ -87,7 +86,7 @@ class RunArtifacts:
     """Writes the run's checkpoints, bundles and metrics into ``folder``."""
 
     def __init__(
-        self, folder: Path, agent: PPOAgent, actions: ActionConfig, counters: Counters,
+        self, folder: Path, agent: Agent, actions: ActionConfig, counters: Counters,
         tensorboard: bool, log: Log, run_folder: bool = False,
         robot: dict[str, Any] | None = None,
     ) -> None:
@@ -162,12 +161,15 @@ class RunArtifacts:
         """The current policy as ``bundle_<iteration>.safetensors``; raises BundleError,
         OSError or RuntimeError (MLX's full disk) when it cannot be written."""
         name = f"bundle_{self._agent.iteration:06d}.safetensors"
-        bundle = bundle_from_agent(self._agent, self._actions, source, self._robot)
+        bundle = bundle_of(self._agent, self._actions, source, self._robot)
         return save_bundle(self.folder / name, bundle)
 
     def _write(self, path: Path, extra: dict[str, Any], what: str) -> bool:
         try:
-            save_checkpoint(path, self._agent, extra, self._actions)
+            # The off-policy learner's replay goes beside latest only: the file a restart
+            # resumes from (a copy per interval checkpoint would fill the disk).
+            save_training(path, self._agent, extra, self._actions,
+                          with_replay=path.name == "latest.safetensors")
         # MLX reports a full disk as RuntimeError, the filesystem the rest as OSError.
         except (OSError, RuntimeError) as error:
             self._counters.add("save_failures")

@@ -17,6 +17,9 @@ PAUSE_SERVICE_TYPES = ("empty", "trigger", "setbool")
 class TrainerNodeConfig:
     """How the trainer talks to the robot or simulator."""
 
+    algorithm: str = "ppo"
+    """The learner: ppo (on-policy; ``model.*``, ``ppo.*``) or sac (the off-policy soft
+    actor-critic; ``sac.*``). Read at start."""
     update_safe_action: bool = True
     """Publish the safe action when an update starts (else publish nothing)."""
     warm_up_update: bool = True

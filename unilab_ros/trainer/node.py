@@ -101,7 +101,7 @@ class TrainerNode(Node):
             raise ConfigError(str(error)) from None
         if session.warm_up_seconds is not None:
             self.get_logger().info(
-                f"start-up: one throwaway PPO update compiled MLX's kernels in "
+                f"start-up: one throwaway update compiled MLX's kernels in "
                 f"{session.warm_up_seconds:.1f} s, before the first action (cached on disk "
                 "afterwards)"
             )

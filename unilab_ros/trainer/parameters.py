@@ -20,6 +20,7 @@ from unilab_ros.rl.finetune import FineTuneConfig
 from unilab_ros.rl.model import ModelConfig
 from unilab_ros.rl.ppo_config import PPOConfig
 from unilab_ros.rl.ppo_runtime import PPORuntimeConfig
+from unilab_ros.rl.sac_config import SACConfig
 from unilab_ros.ros.action_output import ActionOutputConfig
 from unilab_ros.ros.params import ConfigError, declare_config, read_config, warn_unknown_parameters
 from unilab_ros.trainer.config import TrainerNodeConfig
@@ -44,6 +45,7 @@ def read_parameters(node: Node) -> tuple[TrainerNodeConfig, SessionConfig, Actio
         (ModelConfig(), "model"),
         (PPOConfig(), "ppo"),
         (PPORuntimeConfig(), "ppo"),
+        (SACConfig(), "sac"),
     ):
         declare_config(node, config, prefix, LIVE_PARAMETERS)
     warn_unknown_parameters(node)
@@ -53,6 +55,7 @@ def read_parameters(node: Node) -> tuple[TrainerNodeConfig, SessionConfig, Actio
         loop=read_config(node, LoopConfig),
         watchdog=read_config(node, WatchdogConfig),
         safety=read_config(node, ActionSafetyConfig),
+        algorithm=cfg.algorithm,
         robots=cfg.robots,
         resume_from=cfg.resume_from,
         warm_up=cfg.warm_up_update,
@@ -63,6 +66,8 @@ def read_parameters(node: Node) -> tuple[TrainerNodeConfig, SessionConfig, Actio
         session.model = read_config(node, ModelConfig, "model")
         session.ppo = read_config(node, PPOConfig, "ppo")
         session.runtime = read_config(node, PPORuntimeConfig, "ppo")
+        session.sac = read_config(node, SACConfig, "sac")
+        session.sac.validate()
         session.fine_tune = read_config(node, FineTuneConfig, "finetune")
         session.actions = read_config(node, ActionConfig)
     except ValueError as error:
@@ -113,6 +118,9 @@ class LiveParameters:
         for param in params:
             if param.name != "ppo.learning_rate":
                 continue
+            if not hasattr(self._loop.agent, "ppo_cfg"):
+                return SetParametersResult(successful=False,
+                                           reason="ppo.learning_rate: this run learns with sac")
             try:
                 self._loop.agent.ppo_cfg.check_learning_rate(float(param.value))
             except ValueError as error:

@@ -13,6 +13,7 @@ from rclpy.subscription import Subscription
 
 from unilab_ros.loop.decisions import StepDropped
 from unilab_ros.loop.training_loop import TrainingLoop
+from unilab_ros.rl.algorithm import update_summary
 from unilab_ros.ros.qos import incompatible_publishers
 
 
@@ -56,8 +57,7 @@ class IterationReport:
         return (
             f"iter {agent.iteration:5d} | steps {agent.env_steps:8d} | {episode} | "
             f"{values['steps_per_s']:7.0f} steps/s | update {metrics['update_time']:5.2f}s | "
-            f"kl {metrics['approx_kl']:.4f} (max {metrics['approx_kl_max']:.3f}) "
-            f"lr {metrics['learning_rate_min']:.0e}..{metrics['learning_rate_max']:.0e} | "
+            f"{update_summary(metrics)} | "
             f"dropped {loop.step_counters['steps_dropped']} rejected {rejected}"
         )
 

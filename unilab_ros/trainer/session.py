@@ -17,13 +17,16 @@ from unilab_ros.loop.training_loop import TrainingLoop
 from unilab_ros.loop.watchdog import WatchdogConfig
 from unilab_ros.rl.actions import ActionConfig, ActionMapper
 from unilab_ros.rl.agent import AgentConfig, warm_up_update
+from unilab_ros.rl.algorithm import ALGORITHMS, restore
 from unilab_ros.rl.best import BestPolicy
-from unilab_ros.rl.checkpoint import Checkpoint, restore_agent
+from unilab_ros.rl.checkpoint import Checkpoint
 from unilab_ros.rl.episodes import EpisodeStats
 from unilab_ros.rl.finetune import FineTuneConfig, make_agent
 from unilab_ros.rl.model import ModelConfig
 from unilab_ros.rl.ppo_config import PPOConfig
 from unilab_ros.rl.ppo_runtime import PPORuntimeConfig
+from unilab_ros.rl.sac_agent import SACAgent, sac_warm_up
+from unilab_ros.rl.sac_config import SACConfig
 from unilab_ros.robot.joint_commands import JointCommands
 from unilab_ros.robot.observation import ObservationBuilder
 from unilab_ros.robot.spec_types import RobotSpec
@@ -58,6 +61,9 @@ class SessionConfig:
     robot_spec: RobotSpec | None = None
     """The robot speaks standard messages as this spec says (``with_robot_spec``); each
     robot's step source is then a ``RobotSteps``."""
+    algorithm: str = "ppo"
+    """The learner: ppo (``model``, ``ppo``) or sac (the off-policy ``sac``)."""
+    sac: SACConfig = field(default_factory=SACConfig)
 
 
 def with_robot_spec(cfg: SessionConfig, spec: RobotSpec) -> tuple[SessionConfig, list[str]]:
@@ -111,7 +117,12 @@ def build_session(cfg: SessionConfig, best: BestPolicy | None = None) -> Session
             "resume_from continues a training, finetune.init_from starts one from a "
             "policy: give one of them"
         )
-    for name in ("agent", "model", "ppo", "runtime", "actions", "loop", "fine_tune"):
+    if cfg.algorithm not in ALGORITHMS:
+        raise ValueError(f"algorithm '{cfg.algorithm}' unknown; choose one of {ALGORITHMS}")
+    if cfg.algorithm == "sac" and cfg.fine_tune.init_from:
+        raise ValueError("finetune.init_from starts PPO from a policy; the off-policy learner "
+                         "starts fresh or resumes (resume_from)")
+    for name in ("agent", "model", "ppo", "sac", "runtime", "actions", "loop", "fine_tune"):
         _LOG.debug("%s: %s", name, asdict(getattr(cfg, name)))
     agent_cfg = cfg.agent
     # A robot's messages have num_envs rows; the agent acts for the whole fleet.
@@ -121,16 +132,21 @@ def build_session(cfg: SessionConfig, best: BestPolicy | None = None) -> Session
     # Opened first: a bad path is reported alone, before any warm-up.
     checkpoint = Checkpoint(cfg.resume_from) if cfg.resume_from else None
     warm_up_seconds = None
-    if cfg.warm_up:
-        # Before the agent: the warm-up reseeds MLX, and the agent seeds it again.
-        warm_up_seconds = warm_up_update(agent_cfg, cfg.model, cfg.ppo, cfg.runtime)
-    agent, notes = make_agent(
-        agent_cfg, cfg.model, cfg.ppo, actions.policy_bounds(), cfg.actions, cfg.fine_tune,
-        cfg.runtime,
-    )
+    if cfg.algorithm == "sac":
+        if cfg.warm_up:
+            # Before the agent: the warm-up reseeds MLX, and the agent seeds it again.
+            warm_up_seconds = sac_warm_up(agent_cfg, cfg.sac)
+        agent, notes = SACAgent(agent_cfg, cfg.sac, actions.policy_bounds()), []
+    else:
+        if cfg.warm_up:
+            warm_up_seconds = warm_up_update(agent_cfg, cfg.model, cfg.ppo, cfg.runtime)
+        agent, notes = make_agent(
+            agent_cfg, cfg.model, cfg.ppo, actions.policy_bounds(), cfg.actions,
+            cfg.fine_tune, cfg.runtime,
+        )
     stats = EpisodeStats(agent_cfg.num_envs)
     if checkpoint is not None:
-        restore_agent(agent, checkpoint)
+        restore(agent, checkpoint)
         stats.load_state(checkpoint.extra.get("episodes", {}))
     sources = None
     if cfg.robot_spec is not None:
