@@ -5,7 +5,8 @@ on sim time, and the trainer reading the robot spec.
 
 `robot` picks the robot node's `config/robots/<robot>.yaml` and the trainer's
 `config/robot_train/<robot>.yaml`, which names the spec `config/robot_specs/<robot>.yaml`
-(cartpole, reacher, quadruped). The trainer subscribes the robot's `joint_states` (and
+(cartpole, reacher, quadruped); `algorithm:=sac` takes `<robot>_sac.yaml`, the off-policy
+learner's file, instead. The trainer subscribes the robot's `joint_states` (and
 `imu`, `odom`, site poses as the spec says), acts at the spec's control rate on sim time,
 commands the robot's controller topic and resets it through its `reset` service. The
 launch ends when the trainer does (max_iterations, or a failure: then with an error).
@@ -57,8 +58,10 @@ def _nodes(context: LaunchContext) -> list:
     share = Path(FindPackageShare('unilab_ros').perform(context)) / 'config'
     robot = LaunchConfiguration('robot').perform(context)
     robot_file = share / 'robots' / f'{robot}.yaml'
+    algorithm = LaunchConfiguration('algorithm').perform(context)
+    suffix = '' if algorithm == 'ppo' else f'_{algorithm}'
     trainer_file = Path(LaunchConfiguration('params_file').perform(context)
-                        or share / 'robot_train' / f'{robot}.yaml')
+                        or share / 'robot_train' / f'{robot}{suffix}.yaml')
     for path in (robot_file, trainer_file):
         if not path.is_file():
             shipped = sorted(p.stem for p in (share / 'robot_train').glob('*.yaml'))
@@ -78,11 +81,17 @@ def generate_launch_description() -> LaunchDescription:
             'real_time_factor', default_value='1.0',
             description='Sim seconds per wall second of the robot (0.0: as fast as it can)'),
         DeclareLaunchArgument(
+            'algorithm', default_value='ppo', choices=['ppo', 'sac'],
+            description='Learner of the shipped trainer file: ppo (<robot>.yaml) or the '
+                        'off-policy sac (<robot>_sac.yaml)'),
+        DeclareLaunchArgument(
             'params_file', default_value='',
-            description='Trainer YAML; empty: config/robot_train/<robot>.yaml'),
+            description='Trainer YAML; empty: config/robot_train/<robot>.yaml '
+                        '(<robot>_sac.yaml with algorithm:=sac)'),
         DeclareLaunchArgument('seed', default_value='', description='Trainer seed'),
         DeclareLaunchArgument('max_iterations', default_value='',
-                              description='PPO iterations before the trainer stops'),
+                              description='Iterations before the trainer stops (PPO '
+                                          'rollouts or SAC learning phases)'),
         DeclareLaunchArgument(
             'checkpoint_dir', default_value='',
             description='Trainer output folder; empty: runs/default/<time>-<pid>/'),

@@ -21,6 +21,7 @@ from unilab_ros.rl.agent import AgentConfig
 from unilab_ros.rl.model import ModelConfig
 from unilab_ros.rl.ppo_config import PPOConfig
 from unilab_ros.rl.ppo_runtime import PPORuntimeConfig
+from unilab_ros.rl.sac_config import SACConfig
 from unilab_ros.ros.action_output import ActionOutputConfig
 from unilab_ros.sims.gym_env_node import GymEnvParams
 from unilab_ros.trainer.config import TrainerNodeConfig
@@ -40,6 +41,7 @@ NODE_CONFIGS: dict[str, list[tuple[str, type]]] = {
         ("model.", ModelConfig),
         ("ppo.", PPOConfig),
         ("ppo.", PPORuntimeConfig),
+        ("sac.", SACConfig),
     ],
     "unilab_policy": [
         ("", PolicyNodeConfig),

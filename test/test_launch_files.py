@@ -30,8 +30,9 @@ EXPECTED_ARGUMENTS = {
                               'checkpoint_dir'},
     'mujoco_robot.launch.py': {'robot', 'num_robots', 'real_time_factor', 'params_file',
                                'use_sim_time', 'log_level'},
-    'robot_train.launch.py': {'robot', 'real_time_factor', 'params_file', 'seed',
-                              'max_iterations', 'checkpoint_dir', 'namespace', 'log_level'},
+    'robot_train.launch.py': {'robot', 'algorithm', 'real_time_factor', 'params_file',
+                              'seed', 'max_iterations', 'checkpoint_dir', 'namespace',
+                              'log_level'},
 }
 LAUNCH_FILES = sorted(EXPECTED_ARGUMENTS)
 

@@ -89,7 +89,7 @@ def test_sigterm_without_training_exits_0_and_writes_nothing(tmp_path, ros_domai
     assert not list(output.glob("*.safetensors"))
 
 
-@pytest.mark.parametrize("module", ["trainer", "policy_node", "gym_env_node"])
+@pytest.mark.parametrize("module", ["trainer", "deploy.policy_node", "sims.gym_env_node"])
 @pytest.mark.parametrize("content", [None, "a: [b\n"], ids=["missing", "malformed"])
 def test_a_bad_params_file_exits_2_with_a_reason_not_a_traceback(
     ros_domain_env, tmp_path, module, content

@@ -347,7 +347,8 @@ class TrainerNode(Node):
         if self.cfg.update_safe_action:
             for r in range(len(self._robots)):
                 self._publish_safe_action(r)
-        first_compile = self.agent.runtime_cfg.enable_compile and not self.cfg.warm_up_update
+        runtime = getattr(self.agent, "runtime_cfg", None)  # PPO's compile switch
+        first_compile = (runtime is None or runtime.enable_compile) and not self.cfg.warm_up_update
         if self.loop.updates_run == 0 and first_compile:
             self.get_logger().info(
                 "first update: MLX compiles its kernels (up to a minute on a new machine; "

@@ -1,0 +1,76 @@
+"""The trainer node runs the off-policy learner (algorithm: sac) against the Gymnasium
+bridge, and a trainer started again in its folder (after a kill) resumes with its replay."""
+
+import threading
+
+import pytest
+from rclpy.executors import SingleThreadedExecutor
+from rclpy.parameter import Parameter
+from ros_helpers import spin_until
+
+from unilab_ros.rl.checkpoint import Checkpoint
+from unilab_ros.rl.sac_agent import SACAgent
+from unilab_ros.rl.sac_checkpoint import replay_path
+from unilab_ros.sims.gym_env_node import GymEnvNode
+from unilab_ros.trainer.node import TrainerNode
+
+pytestmark = pytest.mark.ros
+
+NUM_ENVS, NUM_STEPS = 2, 8
+WAIT_S = 30.0
+
+
+def sac_params(checkpoint_dir: str, **extra) -> list[Parameter]:
+    params = {
+        "algorithm": "sac", "num_envs": NUM_ENVS, "obs_dim": 3, "action_dim": 1,
+        "num_steps": NUM_STEPS, "action_scale": [2.0], "action_low": [-2.0],
+        "action_high": [2.0], "safe_action": [0.0], "tensorboard": False,
+        "checkpoint_dir": checkpoint_dir, "checkpoint_interval": 2, "step_timeout": 10.0,
+        "obs_timeout": 10.0, "sac.actor_hidden_dims": [16], "sac.critic_hidden_dims": [16],
+        "sac.batch_size": 16, "sac.learning_starts": 20, **extra,
+    }
+    return [Parameter(name, value=value) for name, value in params.items()]
+
+
+def test_the_trainer_learns_off_policy_and_a_restart_resumes_with_its_replay(context,
+                                                                               tmp_path):
+    folder = tmp_path / "run"
+    bridge = GymEnvNode(context=context, parameter_overrides=[
+        Parameter("num_envs", value=NUM_ENVS), Parameter("republish_period", value=0.2)])
+    bridge_executor = SingleThreadedExecutor(context=context)
+    bridge_executor.add_node(bridge)
+    thread = threading.Thread(target=bridge_executor.spin, daemon=True)
+    thread.start()
+    executor = SingleThreadedExecutor(context=context)
+    try:
+        first = TrainerNode(context=context, parameter_overrides=sac_params(
+            str(folder), max_iterations=4))
+        assert isinstance(first.agent, SACAgent)
+        # A dump shows what runs: the learner and its settings.
+        assert first.get_parameter("algorithm").value == "sac"
+        assert first.get_parameter("sac.batch_size").value == 16
+        executor.add_node(first)
+        assert spin_until(executor, lambda: first.finished, WAIT_S), first.state.value
+        learned = first.agent.learner.steps
+        stored = first.agent.replay.size
+        assert stored == 4 * NUM_ENVS * NUM_STEPS and learned >= stored - 20 - NUM_ENVS
+        # Killed: no goodbye, what the folder holds is what the last checkpoint wrote.
+        executor.remove_node(first)
+        first.destroy_node()
+        latest = folder / "latest.safetensors"
+        assert Checkpoint(latest).algorithm == "sac" and replay_path(latest).is_file()
+
+        second = TrainerNode(context=context, parameter_overrides=sac_params(
+            str(folder), max_iterations=6))
+        assert second.agent.iteration == 4 and second.agent.replay.size == stored
+        assert second.agent.learner.steps == learned
+        executor.add_node(second)
+        assert spin_until(executor, lambda: second.finished, WAIT_S), second.state.value
+        assert second.agent.replay.size == stored + 2 * NUM_ENVS * NUM_STEPS
+        assert Checkpoint(latest).iteration == 6
+        second.destroy_node()
+    finally:
+        executor.shutdown()
+        bridge_executor.shutdown()
+        thread.join(timeout=5.0)
+        bridge.destroy_node()
