@@ -108,13 +108,11 @@ def run_ours(robot: str, seed: int, steps: int) -> dict:
 
 def run_sb3(robot: str, seed: int, steps: int) -> dict:
     import gymnasium as gym
-    import torch
     from stable_baselines3 import SAC
     from stable_baselines3.common.callbacks import BaseCallback
 
     import unilab_ros.sims.spec_env  # noqa: F401 - registers the envs
 
-    torch.set_num_threads(1)
     cfg = sac_settings(robot)
     env = gym.make(f"unilab_ros.sims.spec_env:UnilabRobot-{robot}-v0")
     log, train_times = EpisodeLog(), []
