@@ -28,6 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from unilab_ros.loop.action_safety import ActionGuard, ActionSafetyConfig
+from unilab_ros.loop.action_units import as_sent, in_policy_units
 from unilab_ros.loop.config import LoopConfig
 from unilab_ros.loop.counters import Counters
 from unilab_ros.loop.decisions import (
@@ -275,22 +276,13 @@ class TrainingLoop:
     def _as_sent(
         self, actions: np.ndarray, mapped: np.ndarray, command: np.ndarray
     ) -> np.ndarray:
-        """The policy actions PPO stores for ``command``: where the guard (blend-in,
-        smoothing, rate limit) changed the mapped action, what was sent, in policy units
-        (stored with the acting policy's log-prob of it); elsewhere the policy's own
-        action (unclipped, as the bounds loss expects)."""
-        changed = command != mapped
-        if not changed.any():
-            return actions
-        self.counters.add("guarded_actions")
-        return np.where(changed, self._in_policy_units(command), actions).astype(np.float32)
+        """The policy actions stored for ``command`` (``as_sent``), counting a guarded one."""
+        if (command != mapped).any():
+            self.counters.add("guarded_actions")
+        return as_sent(actions, mapped, command, self.actions.scale)
 
     def _in_policy_units(self, command: np.ndarray) -> np.ndarray:
-        """``command`` before ``action_scale`` (0 where a dim's scale is 0: any action
-        maps to the same command there)."""
-        scale = self.actions.scale
-        with np.errstate(divide="ignore", invalid="ignore"):
-            return np.where(scale != 0.0, command / scale, 0.0).astype(np.float32)
+        return in_policy_units(command, self.actions.scale)
 
     def _cut(self, robot: Robot) -> None:
         """The robot's step stream broke: its episodes are cut, its lanes free."""
