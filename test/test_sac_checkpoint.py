@@ -95,3 +95,19 @@ def test_a_sac_checkpoint_is_read_as_any_checkpoint_and_serves_its_actor(tmp_pat
 
     with pytest.raises(CheckpointError, match="algorithm sac"):
         restore_agent(PPOAgent(AgentConfig(num_envs=2, obs_dim=3, action_dim=2)), checkpoint)
+
+
+def test_a_saved_replay_seeds_a_new_session_and_not_a_resumed_one(tmp_path):
+    from dataclasses import replace
+
+    from unilab_ros.trainer.session import SessionConfig, build_session
+
+    agent = trained(12)
+    path = save_replay(tmp_path / "earlier.replay.safetensors", agent)
+    cfg = SessionConfig(SIZES, algorithm="sac", sac=replace(CFG, replay_from=str(path)))
+    session = build_session(cfg)
+    assert session.loop.agent.replay.size == 24
+    assert any("24 transitions" in note for note in session.notes)
+    resumed = replace(cfg, resume_from=str(save_sac_checkpoint(tmp_path / "latest", agent)))
+    with pytest.raises(ValueError, match="replay_from"):
+        build_session(resumed)

@@ -48,6 +48,10 @@ class SACConfig:
     sampled, so replayed data keeps its meaning)."""
     observation_clip: float = 10.0
     """Normalized observations are clipped to +-this value."""
+    replay_from: str = ""
+    """A replay file whose transitions seed a new run's replay (``<run>/latest.replay.
+    safetensors`` of an earlier run of the same sizes, say); empty: none. A resumed run
+    takes its own. Set ``learning_starts: 0`` to learn from it at once."""
     log_std_min: float = -20.0
     """Lower bound of the policy's log std (before squashing)."""
     log_std_max: float = 2.0

@@ -26,6 +26,7 @@ from unilab_ros.rl.model import ModelConfig
 from unilab_ros.rl.ppo_config import PPOConfig
 from unilab_ros.rl.ppo_runtime import PPORuntimeConfig
 from unilab_ros.rl.sac_agent import SACAgent, sac_warm_up
+from unilab_ros.rl.sac_checkpoint import load_replay
 from unilab_ros.rl.sac_config import SACConfig
 from unilab_ros.robot.joint_commands import JointCommands
 from unilab_ros.robot.observation import ObservationBuilder
@@ -145,6 +146,12 @@ def build_session(cfg: SessionConfig, best: BestPolicy | None = None) -> Session
             cfg.fine_tune, cfg.runtime,
         )
     stats = EpisodeStats(agent_cfg.num_envs)
+    if cfg.algorithm == "sac" and cfg.sac.replay_from:
+        if checkpoint is not None:
+            raise ValueError("sac.replay_from seeds a new run; a resumed one (resume_from) "
+                             "takes its own replay: give one of them")
+        count = load_replay(cfg.sac.replay_from, agent)
+        notes.append(f"replay seeded with {count} transitions from {cfg.sac.replay_from}")
     if checkpoint is not None:
         restore(agent, checkpoint)
         stats.load_state(checkpoint.extra.get("episodes", {}))
