@@ -108,7 +108,8 @@ def test_a_non_finite_step_is_rolled_back_and_counted():
     assert agent.nonfinite_steps == 12 and result["gradient_steps"] == 0.0
     after = flat(agent.model.parameters())
     for name, value in before.items():
-        np.testing.assert_array_equal(after[name], value, err_msg=name)
+        if not name.startswith("normalizer"):  # the steps' observations were merged
+            np.testing.assert_array_equal(after[name], value, err_msg=name)
 
 
 def test_actions_stay_inside_the_bounds_and_acting_in_numpy_is_the_mlx_policy():

@@ -74,3 +74,32 @@ def test_the_trainer_learns_off_policy_and_a_restart_resumes_with_its_replay(con
         bridge_executor.shutdown()
         thread.join(timeout=5.0)
         bridge.destroy_node()
+
+
+def test_learning_while_acting_never_pauses_the_environment(context, tmp_path):
+    """learn_while_acting: the bridge is never paused (its pause service is configured)
+    and every iteration reports the learner thread's gradient steps and policy lag."""
+    bridge = GymEnvNode(context=context, parameter_overrides=[
+        Parameter("num_envs", value=NUM_ENVS), Parameter("republish_period", value=0.2)])
+    bridge_executor = SingleThreadedExecutor(context=context)
+    bridge_executor.add_node(bridge)
+    thread = threading.Thread(target=bridge_executor.spin, daemon=True)
+    thread.start()
+    executor = SingleThreadedExecutor(context=context)
+    try:
+        trainer = TrainerNode(context=context, parameter_overrides=sac_params(
+            str(tmp_path / "run"), max_iterations=6, learn_while_acting=True,
+            pause_service="/gym_env/pause", resume_service="/gym_env/resume"))
+        executor.add_node(trainer)
+        assert spin_until(executor, lambda: trainer.finished, WAIT_S), trainer.state.value
+        assert bridge._paused_since == 0.0  # never paused
+        assert trainer.loop.learner is not None and trainer.loop.updates_run == 6
+        metrics = trainer.last_metrics
+        assert {"policy_lag", "utd_achieved", "updates_owed"} <= metrics.keys()
+        trainer.destroy_node()
+        assert not trainer.loop.learner.running
+    finally:
+        executor.shutdown()
+        bridge_executor.shutdown()
+        thread.join(timeout=5.0)
+        bridge.destroy_node()

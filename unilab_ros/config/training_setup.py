@@ -52,6 +52,8 @@ class TrainingSetup:
     algorithm: str = "ppo"
     """The learner (the trainer's ``algorithm``): ppo or sac."""
     sac: SACConfig = field(default_factory=SACConfig)
+    learn_while_acting: bool = False
+    """The trainer's ``learn_while_acting``: the learner on a thread beside acting."""
 
 
 def load_setup(params_file: str | Path) -> TrainingSetup:
@@ -86,4 +88,5 @@ def load_setup(params_file: str | Path) -> TrainingSetup:
         actions=build(ActionConfig, trainer),
         algorithm=str(trainer.get("algorithm", "ppo")),
         sac=build(SACConfig, sac),
+        learn_while_acting=bool(trainer.get("learn_while_acting", False)),
     )

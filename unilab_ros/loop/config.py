@@ -27,11 +27,19 @@ class LoopConfig:
     """Learn from the steps (else only act); see the ~/set_training service."""
     deterministic: bool = False
     """Act with the mean action (no learning from those steps); see ~/set_deterministic."""
+    learn_while_acting: bool = False
+    """The learner runs on a thread of its own beside the control loop, which never waits
+    for it (no pause, no safe action held): every num_steps env steps per env only close
+    an iteration (metrics, checkpoints, the best policy). The off-policy learner's
+    (algorithm: sac); PPO updates between rollouts."""
 
     def validate(self) -> None:
         if self.step_timeout <= 0.0 or self.episode_end_timeout <= 0.0:
             raise ValueError("step_timeout and episode_end_timeout must be positive")
         if self.update_trigger not in UPDATE_TRIGGERS:
             raise ValueError(f"update_trigger must be one of {UPDATE_TRIGGERS}")
+        if self.learn_while_acting and self.update_trigger != "rollout_full":
+            raise ValueError("learn_while_acting never waits for an episode's end "
+                             "(update_trigger: rollout_full)")
         if self.checkpoint_interval < 0 or self.max_iterations < 0:
             raise ValueError("checkpoint_interval and max_iterations must be >= 0")

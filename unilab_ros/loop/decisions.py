@@ -30,6 +30,14 @@ class BeginUpdate:
 
 
 @dataclass(frozen=True)
+class IterationDone:
+    """Learning while acting: an iteration's steps are in and nothing paused; report
+    ``metrics`` (the learner thread's since the last one). Saves (and ``Finished``) follow."""
+
+    metrics: dict
+
+
+@dataclass(frozen=True)
 class StepDropped:
     """Robot ``robot``'s step missed ``step_timeout`` (or, ``pause_unanswered``, its
     simulator did not answer a pause): its episodes in progress are cut; a fleet goes on
@@ -62,4 +70,5 @@ class Finished:
     """``max_iterations`` reached: save and stop acting."""
 
 
-Decision = PublishAction | BeginUpdate | StepDropped | Silent | Save | Finished
+Decision = (PublishAction | BeginUpdate | IterationDone | StepDropped | Silent | Save
+            | Finished)

@@ -35,11 +35,12 @@ from unilab_ros.loop.decisions import (
     BeginUpdate,
     Decision,
     Finished,
+    IterationDone,
     PublishAction,
     Save,
-    Silent,
     StepDropped,
 )
+from unilab_ros.loop.robot_checks import RobotChecks
 from unilab_ros.loop.robot_state import Robot
 from unilab_ros.loop.states import COUNTERS, FLEET_COUNTERS, Phase
 from unilab_ros.loop.step_sync import StepSync
@@ -47,13 +48,19 @@ from unilab_ros.loop.steps import SegmentStart, StepSource, Transition
 from unilab_ros.loop.watchdog import Watchdog, WatchdogConfig
 from unilab_ros.rl.actions import ActionMapper
 from unilab_ros.rl.agent import StepOfEnvs
-from unilab_ros.rl.algorithm import Agent, acted_outputs, collector
+from unilab_ros.rl.algorithm import (
+    Agent,
+    acted_outputs,
+    collector,
+    learn_beside_acting,
+    model_lock,
+)
 from unilab_ros.rl.best import BestPolicy
 from unilab_ros.rl.checkpoint import all_finite
 from unilab_ros.rl.episodes import EpisodeStats
 
 
-class TrainingLoop:
+class TrainingLoop(RobotChecks):
     """The trainer's decisions over one training session; see the module docstring."""
 
     def __init__(
@@ -99,6 +106,8 @@ class TrainingLoop:
             # Each robot stood at the safe action before its first command: blend in.
             robot.guard.hold()
         self.lanes = collector(agent)
+        self.learner = learn_beside_acting(agent) if cfg.learn_while_acting else None
+        """The learner thread while learning runs beside acting."""
         self.estop = False
         self.phase = Phase.WAITING
         self.updates_run = 0
@@ -226,6 +235,8 @@ class TrainingLoop:
             mean, std = robot.policy_outputs
             stored = StepOfEnvs(step.obs, step.action, mean, std, step.reward, step.done)
             if self.lanes.record(robot.envs, stored, step.next_obs):
+                if self.cfg.learn_while_acting:
+                    return self._iteration_done(r, step, now)
                 if self.cfg.update_trigger != "episode_end":
                     return [self._begin_update(now)]
                 self.phase = Phase.EPISODE_END
@@ -263,9 +274,10 @@ class TrainingLoop:
             actions = self._as_sent(actions, mapped, command)
         else:
             self.counters.add("nonfinite_actions")
-            restored = not all_finite(self.agent.model.parameters())
-            if restored:
-                self.agent.model.update(self._good_parameters)
+            with model_lock(self.agent):
+                restored = not all_finite(self.agent.model.parameters())
+                if restored:
+                    self.agent.model.update(self._good_parameters)
         robot.source.action_sent(obs, actions, stamp, now)
         # A mean action is no sample of the policy, nor is a safe action sent in its place:
         # PPO must not learn from their steps, even if deterministic mode is switched off
@@ -296,52 +308,6 @@ class TrainingLoop:
             if self.fleet:
                 self.counters.add("robot_stalls")
 
-    def check_step_deadlines(self, now: float) -> list[Decision]:
-        """Drop each robot's late step: that robot stalls, the others go on. A robot
-        waits for an action at the state it published last: when that came after the
-        dropped step's observation, act on it now rather than leave the robot to the
-        watchdog (or stalled, with watchdog_safe_action off)."""
-        decisions: list[Decision] = []
-        for r, robot in enumerate(self.robots):
-            if not robot.source.expired(now):
-                continue
-            self._stall(robot)
-            decisions.append(StepDropped(r))
-            latest = robot.latest_obs
-            if latest is not None and latest[1] > robot.acted_stamp:
-                decisions.append(self._act(r, *latest, now))
-        return decisions
-
-    def pause_unanswered(self, r: int) -> list[Decision]:
-        """Robot ``r``'s simulator did not answer its pause before an update. A fleet's
-        robot stalls now: its free lanes fill from the others before its step can time
-        out, and a dead process's service can look ready for a while, so otherwise every
-        update would wait on it again. A single robot has no others to go on with."""
-        robot = self.robots[r]
-        if not self.fleet or robot.stalled:
-            return []
-        self._stall(robot)
-        return [StepDropped(r, pause_unanswered=True)]
-
-    def check_watchdogs(self, steady: float) -> list[Decision]:
-        """The robots whose observations stopped while collecting; a silence's first
-        check drops that robot's outstanding step and cuts its segment."""
-        if self.phase not in (Phase.COLLECTING, Phase.EPISODE_END):
-            return []
-        decisions: list[Decision] = []
-        for r, robot in enumerate(self.robots):
-            silence = robot.watchdog.check(steady)
-            if silence is None:
-                continue
-            if silence.publish_safe:
-                robot.guard.hold()
-            if silence.first:
-                self.counters.add("watchdog_trips")
-                if robot.source.drop():
-                    self._cut(robot)
-            decisions.append(Silent(r, silence.first, silence.publish_safe))
-        return decisions
-
     # Updates.
 
     def _begin_update(self, now: float) -> BeginUpdate:
@@ -355,12 +321,21 @@ class TrainingLoop:
         """The PPO update on the collected rollout; its metrics."""
         metrics = self.agent.update(self.lanes.bootstrap_obs)
         self.lanes.clear()
-        parameters = self.agent.model.parameters()
-        # Kept for a later non-finite action (MLX arrays are immutable: references).
-        if all_finite(parameters):
-            self._good_parameters = parameters
+        with model_lock(self.agent):
+            parameters = self.agent.model.parameters()
+            # Kept for a later non-finite action (MLX arrays are immutable: references).
+            if all_finite(parameters):
+                self._good_parameters = parameters
         self.updates_run += 1
         return metrics
+
+    def _iteration_done(self, r: int, step: Transition, now: float) -> list[Decision]:
+        """Learning while acting: close the iteration, then act (unless it was the last)."""
+        decisions: list[Decision] = [IterationDone(self.update()), *self.after_update()]
+        if self.cfg.max_iterations and self.agent.iteration >= self.cfg.max_iterations:
+            self.phase = Phase.FINISHED
+            return [*decisions, Finished()]
+        return [*decisions, self._act(r, step.next_obs, step.next_obs_stamp, now)]
 
     def after_update(self) -> list[Save]:
         """The saves this iteration calls for: ``best`` when the policy is the best so far
@@ -425,6 +400,11 @@ class TrainingLoop:
     def _hold_all(self) -> list[Decision]:
         return [PublishAction(r, robot.guard.hold(), estop=True)
                 for r, robot in enumerate(self.robots)]
+
+    def close(self) -> None:
+        """Stop the learner thread, if one runs (after it, the agent learns in phases)."""
+        if self.learner is not None:
+            self.learner.stop()
 
     def set_training(self, training: bool) -> None:
         if self.cfg.training and not training:

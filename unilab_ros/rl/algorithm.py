@@ -12,6 +12,7 @@ policy export are written and read, and the deployable actor.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ import numpy as np
 
 from unilab_ros.rl.actions import ActionConfig
 from unilab_ros.rl.agent import PPOAgent
+from unilab_ros.rl.background_learner import BackgroundLearner
 from unilab_ros.rl.bundle import PolicyBundle, bundle_from_agent
 from unilab_ros.rl.checkpoint import (
     Checkpoint,
@@ -42,6 +44,20 @@ def algorithm_of(agent: Agent) -> str:
     return "sac" if isinstance(agent, SACAgent) else "ppo"
 
 
+def model_lock(agent: Agent) -> contextlib.AbstractContextManager:
+    """Held around MLX work on the model from the control thread: a learner thread may be
+    stepping it (PPO has none: nothing to wait for)."""
+    return agent.model_lock if isinstance(agent, SACAgent) else contextlib.nullcontext()
+
+
+def learn_beside_acting(agent: Agent) -> BackgroundLearner:
+    """Start the learner thread of ``agent`` (the off-policy learner's only)."""
+    if not isinstance(agent, SACAgent):
+        raise ValueError("learn_while_acting needs the off-policy learner (algorithm: sac); "
+                         "PPO learns between rollouts")
+    return BackgroundLearner(agent).start()
+
+
 def collector(agent: Agent) -> Collector:
     """Where the training loop puts each step it learns from."""
     return agent.collector() if isinstance(agent, SACAgent) else LaneRollout(agent)
@@ -60,18 +76,20 @@ def save_training(path: str | os.PathLike[str], agent: Agent,
                   extra: dict[str, Any] | None = None,
                   actions: ActionConfig | None = None, with_replay: bool = True) -> Path:
     """A checkpoint that resumes training (SAC's replay beside it, ``with_replay``)."""
-    if isinstance(agent, SACAgent):
-        return save_sac_checkpoint(path, agent, extra, actions, with_replay)
-    return save_checkpoint(path, agent, extra, actions)
+    with model_lock(agent):
+        if isinstance(agent, SACAgent):
+            return save_sac_checkpoint(path, agent, extra, actions, with_replay)
+        return save_checkpoint(path, agent, extra, actions)
 
 
 def save_policy(path: str | os.PathLike[str], agent: Agent,
                 actions: ActionConfig | None = None) -> Path:
     """The deployable actor and configs only."""
-    if isinstance(agent, SACAgent):
-        return save_sac_checkpoint(path, agent, None, actions, with_replay=False,
-                                   kind="policy")
-    return export_policy(path, agent, actions)
+    with model_lock(agent):
+        if isinstance(agent, SACAgent):
+            return save_sac_checkpoint(path, agent, None, actions, with_replay=False,
+                                       kind="policy")
+        return export_policy(path, agent, actions)
 
 
 def restore(agent: Agent, checkpoint: Checkpoint) -> None:
@@ -89,9 +107,10 @@ def restore(agent: Agent, checkpoint: Checkpoint) -> None:
 def bundle_of(agent: Agent, actions: ActionConfig, source: str,
               robot: dict[str, Any] | None = None) -> PolicyBundle:
     """The agent's current deterministic policy as a bundle."""
-    if isinstance(agent, SACAgent):
-        return bundle_from_sac(agent, actions, source, robot)
-    return bundle_from_agent(agent, actions, source, robot)
+    with model_lock(agent):
+        if isinstance(agent, SACAgent):
+            return bundle_from_sac(agent, actions, source, robot)
+        return bundle_from_agent(agent, actions, source, robot)
 
 
 def update_summary(metrics: dict[str, float]) -> str:

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 from dataclasses import replace
+from typing import Any
 
 import mlx.core as mx
 import numpy as np
@@ -97,6 +99,17 @@ class SACAgent:
         """Gradient steps the update-to-data ratio has asked for and not yet run."""
         self.nonfinite_steps = 0
         """Gradient steps whose losses were not finite (rolled back, counted)."""
+        self.model_lock = threading.RLock()
+        """Held by whoever computes with the model in MLX: the learner, and a checkpoint,
+        bundle or parameter check of the control thread while a learner thread runs (MLX
+        evaluation from two threads at once is not safe, ml-explore/mlx#2067)."""
+        self._replay_lock = threading.Lock()
+        self._unmerged_obs: list[np.ndarray] = []
+        self.actor_steps = 0
+        """The gradient steps behind the actor that acts (the policy lag is the learner's
+        steps beyond it)."""
+        self.background: Any = None
+        """The learner thread (``background_learner``) while learning runs beside acting."""
 
     @property
     def learning(self) -> bool:
@@ -125,15 +138,18 @@ class SACAgent:
         raw)."""
         obs = np.asarray(obs, np.float32).reshape(-1, self.obs_dim)
         rewards = np.asarray(rewards, np.float32) * self.cfg.reward_scale
-        self.replay.add(obs, self.squash(actions).reshape(len(obs), -1), rewards, dones, envs,
-                        next_obs)
-        if self.sac_cfg.normalize_observations:
-            self.model.normalizer.update(mx.array(obs))
-        # Steps past learning_starts each owe utd_ratio gradient steps.
-        start = self.sac_cfg.learning_starts
-        past_start = self.env_steps + len(obs) - max(self.env_steps, start)
-        self.env_steps += len(obs)
-        self.updates_owed += max(past_start, 0) * self.sac_cfg.utd_ratio
+        squashed = self.squash(actions).reshape(len(obs), -1)
+        # numpy only: the control thread never computes in MLX (the learner merges the
+        # observations into the normalizer before its next step).
+        with self._replay_lock:
+            self.replay.add(obs, squashed, rewards, dones, envs, next_obs)
+            if self.sac_cfg.normalize_observations:
+                self._unmerged_obs.append(obs)
+            # Steps past learning_starts each owe utd_ratio gradient steps.
+            start = self.sac_cfg.learning_starts
+            past_start = self.env_steps + len(obs) - max(self.env_steps, start)
+            self.env_steps += len(obs)
+            self.updates_owed += max(past_start, 0) * self.sac_cfg.utd_ratio
 
     @property
     def ready(self) -> bool:
@@ -142,6 +158,17 @@ class SACAgent:
 
     def learn(self, max_steps: int | None = None) -> dict[str, float]:
         """Run the owed gradient steps (at most ``max_steps``); return mean metrics."""
+        with self.model_lock:
+            return self._learn(max_steps)
+
+    def _merge_observations(self) -> None:
+        with self._replay_lock:
+            pending, self._unmerged_obs = self._unmerged_obs, []
+        if pending:
+            self.model.normalizer.update(mx.array(np.concatenate(pending)))
+
+    def _learn(self, max_steps: int | None) -> dict[str, float]:
+        self._merge_observations()
         steps = int(math.floor(self.updates_owed))
         if max_steps is not None:
             steps = min(steps, max_steps)
@@ -151,7 +178,8 @@ class SACAgent:
         totals = np.zeros(len(METRICS))
         done = 0
         for _ in range(steps):
-            batch = self.replay.sample(self.sac_cfg.batch_size, self._batch_rng)
+            with self._replay_lock:
+                batch = self.replay.sample(self.sac_cfg.batch_size, self._batch_rng)
             before = self.learner.snapshot()
             metrics = self.learner.step(mx.array(batch.obs), mx.array(batch.actions),
                                         mx.array(batch.rewards), mx.array(batch.next_obs),
@@ -164,7 +192,8 @@ class SACAgent:
                 continue
             totals += values
             done += 1
-        self.updates_owed -= steps
+        with self._replay_lock:
+            self.updates_owed -= steps
         self.refresh_actor()
         result = {name: float(v) for name, v in zip(METRICS, totals / max(done, 1),
                                                      strict=True)}
@@ -172,8 +201,10 @@ class SACAgent:
         return result
 
     def refresh_actor(self) -> None:
-        """Act with the model's current actor (after a load)."""
+        """Act with the model's current actor (after a learning step or a load): a new numpy
+        copy, swapped in whole, so acting never sees half of one."""
         self._actor = _NumpyActor(self.model)
+        self.actor_steps = self.learner.steps
 
     def act_rng_state(self) -> dict:
         return self._act_rng.bit_generator.state
@@ -188,7 +219,7 @@ class SACAgent:
     def update(self, last_obs: np.ndarray | None = None) -> dict[str, float]:
         """A learning phase between two chunks of collection: every owed gradient step.
         ``last_obs`` (PPO's bootstrap states) is not needed: replay holds next states."""
-        metrics = self.learn()
+        metrics = self.learn() if self.background is None else self.background.take()
         self.iteration += 1
         metrics["update_time"] = metrics.pop("learn_time", 0.0)
         metrics["nonfinite_steps"] = float(self.nonfinite_steps)

@@ -19,7 +19,7 @@ from pathlib import Path
 from unilab_ros.config.paths import config_file
 from unilab_ros.config.training_setup import TrainingSetup, load_setup
 from unilab_ros.loop.config import LoopConfig
-from unilab_ros.loop.decisions import BeginUpdate, PublishAction
+from unilab_ros.loop.decisions import BeginUpdate, Finished, IterationDone, PublishAction
 from unilab_ros.rl.algorithm import Agent, update_summary
 from unilab_ros.rl.best import BestPolicy
 from unilab_ros.rl.compute import compute_description
@@ -43,12 +43,14 @@ def train(
     ``setup.agent.seed + i``."""
     cfg = setup.agent
     sim = GymVectorSim(setup.env_id, cfg.num_envs, cfg.seed, setup.max_episode_steps)
+    session = None
     try:
         # Checkpoints are the caller's (on_iteration); the loop only stops the run. A
         # fine-tuning run starts counting at 0, as a fresh one does.
         session = build_session(SessionConfig(
             cfg, setup.model, setup.ppo, setup.runtime, setup.actions,
-            LoopConfig(checkpoint_interval=0, max_iterations=iterations),
+            LoopConfig(checkpoint_interval=0, max_iterations=iterations,
+                       learn_while_acting=setup.learn_while_acting),
             fine_tune=fine_tune or FineTuneConfig(), algorithm=setup.algorithm, sac=setup.sac,
         ), best)
         loop, agent = session.loop, session.loop.agent
@@ -57,6 +59,11 @@ def train(
         stamp, now = 0, 0.0
         decisions = loop.on_observation(0, sim.reset(), stamp, now, now)
         while agent.iteration < iterations:
+            for decision in decisions:
+                if isinstance(decision, IterationDone) and on_iteration is not None:
+                    on_iteration(agent, loop.stats, decision.metrics)
+            if any(isinstance(decision, Finished) for decision in decisions):
+                break
             if any(isinstance(decision, BeginUpdate) for decision in decisions):
                 metrics = loop.update()
                 loop.after_update()
@@ -76,6 +83,8 @@ def train(
             decisions = loop.on_observation(0, step.observation, stamp, now, now)
         return agent, loop.stats
     finally:
+        if session is not None:
+            session.loop.close()
         sim.close()
 
 

@@ -29,6 +29,7 @@ from unilab_ros.loop.decisions import (
     BeginUpdate,
     Decision,
     Finished,
+    IterationDone,
     PublishAction,
     Save,
     Silent,
@@ -244,6 +245,8 @@ class TrainerNode(Node):
                     self._on_silence(decision)
                 case BeginUpdate():
                     self._begin_update()
+                case IterationDone(metrics=metrics):
+                    self._report_iteration(metrics)
                 case Save(reason="best"):
                     self.artifacts.save_best(self.loop.best, self.status())
                 case Save(reason=reason):
@@ -347,9 +350,8 @@ class TrainerNode(Node):
         if self.cfg.update_safe_action:
             for r in range(len(self._robots)):
                 self._publish_safe_action(r)
-        runtime = getattr(self.agent, "runtime_cfg", None)  # PPO's compile switch
-        first_compile = (runtime is None or runtime.enable_compile) and not self.cfg.warm_up_update
-        if self.loop.updates_run == 0 and first_compile:
+        compiles = getattr(getattr(self.agent, "runtime_cfg", None), "enable_compile", True)
+        if self.loop.updates_run == 0 and compiles and not self.cfg.warm_up_update:
             self.get_logger().info(
                 "first update: MLX compiles its kernels (up to a minute on a new machine; "
                 "cached on disk afterwards)"
@@ -423,10 +425,12 @@ class TrainerNode(Node):
             print(f"[{level.upper()}] [{self.get_name()}]: {text}", file=sys.stderr, flush=True)
 
     def close(self) -> None:
-        """Save on the way out (shutdown, signal, or the last iteration); once."""
+        """Stop a learner thread, then save what it learned on the way out (shutdown,
+        signal, or the last iteration); once."""
         if self._closed:
             return
         self._closed = True
+        self.loop.close()
         if not self.finished and self.agent.iteration > 0:
             self.save("shutdown")
         self.artifacts.close()
