@@ -194,7 +194,9 @@ def main() -> None:
     if args.child:
         child(args)
         return
-    with recording("sac_learning", args.results_page):
+    # One section per robot set: a run of one robot does not replace another's figures.
+    key = "sac_learning" + ("" if args.robots == list(BUDGETS) else ":" + ",".join(args.robots))
+    with recording(key, args.results_page):
         _bench(args)
 
 
