@@ -6,17 +6,13 @@ observation forever. The topic contract has the environment re-publish its lates
 observation whenever no action comes for `republish_period`; the new trainer acts on it.
 """
 
-import threading
-
 import pytest
-from rclpy.executors import SingleThreadedExecutor
 from rclpy.parameter import Parameter
-from ros_helpers import spin_until
+from ros_helpers import bridge_in_a_thread, spin_until
 
 from unilab_ros.rl.agent import AgentConfig
 from unilab_ros.rl.checkpoint import Checkpoint, save_checkpoint
 from unilab_ros.ros.params import ConfigError
-from unilab_ros.sims.gym_env_node import GymEnvNode
 from unilab_ros.trainer.metrics_log import read_metrics
 from unilab_ros.trainer.node import TrainerNode
 from unilab_ros.trainer.session import SessionConfig, build_session
@@ -39,14 +35,8 @@ def trainer_params(checkpoint_dir: str, **extra) -> list[Parameter]:
 
 
 def test_a_restarted_trainer_resumes_against_a_running_environment(context, tmp_path):
-    bridge = GymEnvNode(context=context, parameter_overrides=[
-        Parameter("num_envs", value=NUM_ENVS), Parameter("republish_period", value=0.2)])
-    bridge_executor = SingleThreadedExecutor(context=context)
-    bridge_executor.add_node(bridge)
-    thread = threading.Thread(target=bridge_executor.spin, daemon=True)
-    thread.start()
-    executor = SingleThreadedExecutor(context=context)
-    try:
+    with bridge_in_a_thread(context, num_envs=NUM_ENVS, republish_period=0.2) as (
+            bridge, executor):
         first = TrainerNode(context=context, parameter_overrides=trainer_params(
             str(tmp_path / "a"), max_iterations=1))
         executor.add_node(first)
@@ -68,11 +58,6 @@ def test_a_restarted_trainer_resumes_against_a_running_environment(context, tmp_
         assert bridge.status.steps >= steps_before + NUM_STEPS
         assert Checkpoint(tmp_path / "b" / "latest.safetensors").iteration == 2
         second.destroy_node()
-    finally:
-        executor.shutdown()
-        bridge_executor.shutdown()
-        thread.join(timeout=5.0)
-        bridge.destroy_node()
 
 
 def test_a_start_in_a_folder_killed_before_its_first_checkpoint_refuses_with_one_line(
@@ -105,15 +90,8 @@ def test_a_restart_resumes_from_latest_and_keeps_the_better_best(context, tmp_pa
     from latest (iteration 1 -> 2), metrics.csv reads 1, 2 and best.safetensors is the
     stored one (before, a new best of 3-step episodes replaced it)."""
     folder = tmp_path / "run"
-    bridge = GymEnvNode(context=context, parameter_overrides=[
-        Parameter("num_envs", value=NUM_ENVS), Parameter("republish_period", value=0.2),
-        Parameter("max_episode_steps", value=3)])
-    bridge_executor = SingleThreadedExecutor(context=context)
-    bridge_executor.add_node(bridge)
-    thread = threading.Thread(target=bridge_executor.spin, daemon=True)
-    thread.start()
-    executor = SingleThreadedExecutor(context=context)
-    try:
+    with bridge_in_a_thread(context, num_envs=NUM_ENVS, republish_period=0.2,
+                            max_episode_steps=3) as (_bridge, executor):
         first = TrainerNode(context=context, parameter_overrides=trainer_params(
             str(folder), max_iterations=1))
         executor.add_node(first)
@@ -144,8 +122,3 @@ def test_a_restart_resumes_from_latest_and_keeps_the_better_best(context, tmp_pa
         assert read_metrics(folder / "metrics.csv")["iteration"] == [1.0, 2.0]
         assert Checkpoint(folder / "latest.safetensors").iteration == 2
         assert (folder / "best.safetensors").read_bytes() == best_before
-    finally:
-        executor.shutdown()
-        bridge_executor.shutdown()
-        thread.join(timeout=5.0)
-        bridge.destroy_node()

@@ -1,17 +1,14 @@
 """The trainer node runs the off-policy learner (algorithm: sac) against the Gymnasium
-bridge, and a trainer started again in its folder (after a kill) resumes with its replay."""
-
-import threading
+bridge, a trainer started again in its folder (after a kill) resumes with its replay, and
+learning while acting never pauses the environment."""
 
 import pytest
-from rclpy.executors import SingleThreadedExecutor
 from rclpy.parameter import Parameter
-from ros_helpers import spin_until
+from ros_helpers import bridge_in_a_thread, spin_until
 
 from unilab_ros.rl.checkpoint import Checkpoint
 from unilab_ros.rl.sac_agent import SACAgent
 from unilab_ros.rl.sac_checkpoint import replay_path
-from unilab_ros.sims.gym_env_node import GymEnvNode
 from unilab_ros.trainer.node import TrainerNode
 
 pytestmark = pytest.mark.ros
@@ -35,14 +32,8 @@ def sac_params(checkpoint_dir: str, **extra) -> list[Parameter]:
 def test_the_trainer_learns_off_policy_and_a_restart_resumes_with_its_replay(context,
                                                                                tmp_path):
     folder = tmp_path / "run"
-    bridge = GymEnvNode(context=context, parameter_overrides=[
-        Parameter("num_envs", value=NUM_ENVS), Parameter("republish_period", value=0.2)])
-    bridge_executor = SingleThreadedExecutor(context=context)
-    bridge_executor.add_node(bridge)
-    thread = threading.Thread(target=bridge_executor.spin, daemon=True)
-    thread.start()
-    executor = SingleThreadedExecutor(context=context)
-    try:
+    with bridge_in_a_thread(context, num_envs=NUM_ENVS, republish_period=0.2) as (
+            _bridge, executor):
         first = TrainerNode(context=context, parameter_overrides=sac_params(
             str(folder), max_iterations=4))
         assert isinstance(first.agent, SACAgent)
@@ -69,24 +60,13 @@ def test_the_trainer_learns_off_policy_and_a_restart_resumes_with_its_replay(con
         assert second.agent.replay.size == stored + 2 * NUM_ENVS * NUM_STEPS
         assert Checkpoint(latest).iteration == 6
         second.destroy_node()
-    finally:
-        executor.shutdown()
-        bridge_executor.shutdown()
-        thread.join(timeout=5.0)
-        bridge.destroy_node()
 
 
 def test_learning_while_acting_never_pauses_the_environment(context, tmp_path):
     """learn_while_acting: the bridge is never paused (its pause service is configured)
     and every iteration reports the learner thread's gradient steps and policy lag."""
-    bridge = GymEnvNode(context=context, parameter_overrides=[
-        Parameter("num_envs", value=NUM_ENVS), Parameter("republish_period", value=0.2)])
-    bridge_executor = SingleThreadedExecutor(context=context)
-    bridge_executor.add_node(bridge)
-    thread = threading.Thread(target=bridge_executor.spin, daemon=True)
-    thread.start()
-    executor = SingleThreadedExecutor(context=context)
-    try:
+    with bridge_in_a_thread(context, num_envs=NUM_ENVS, republish_period=0.2) as (
+            bridge, executor):
         trainer = TrainerNode(context=context, parameter_overrides=sac_params(
             str(tmp_path / "run"), max_iterations=6, learn_while_acting=True,
             pause_service="/gym_env/pause", resume_service="/gym_env/resume"))
@@ -98,8 +78,3 @@ def test_learning_while_acting_never_pauses_the_environment(context, tmp_path):
         assert {"policy_lag", "utd_achieved", "updates_owed"} <= metrics.keys()
         trainer.destroy_node()
         assert not trainer.loop.learner.running
-    finally:
-        executor.shutdown()
-        bridge_executor.shutdown()
-        thread.join(timeout=5.0)
-        bridge.destroy_node()
