@@ -67,31 +67,29 @@ def test_the_core_imports_nothing_above_it():
             assert not above, f"{name} imports {sorted(above)} from above the core"
 
 
-def test_the_loop_imports_no_ros_and_nothing_of_the_nodes():
+def assert_no_ros_and_only(package: str, *allowed: str) -> list[str]:
+    """Every module of ``package`` imports no ROS and, of the package's own, only modules
+    within ``allowed``; returns the modules checked."""
     modules = imports()
-    for name, names in modules.items():
-        if not within(name, "unilab_ros.loop"):
-            continue
-        ros = {n for n in names if n.split(".")[0] in ROS_PACKAGES}
+    found = [name for name in modules if within(name, package)]
+    for name in found:
+        ros = {n for n in modules[name] if n.split(".")[0] in ROS_PACKAGES}
         assert not ros, f"{name} imports ROS: {sorted(ros)}"
-        outside = {m for m in own(names, modules)
-                   if not within(m, "unilab_ros.rl", "unilab_ros.loop")}
+        outside = {m for m in own(modules[name], modules) if not within(m, *allowed)}
         assert not outside, f"{name} imports {sorted(outside)}"
+    return found
+
+
+def test_the_loop_imports_no_ros_and_nothing_of_the_nodes():
+    assert_no_ros_and_only("unilab_ros.loop", "unilab_ros.rl", "unilab_ros.loop")
 
 
 def test_the_robot_spec_imports_no_ros_and_only_the_layers_below_it():
     # The trainer and the deploy node build the same observation from it, so it must stay
     # importable anywhere: the MLX core's done codes and the loop's step types, no ROS.
-    modules = imports()
-    found = [name for name in modules if within(name, "unilab_ros.robot")]
+    found = assert_no_ros_and_only("unilab_ros.robot", "unilab_ros.rl", "unilab_ros.robot",
+                                   *SHARED_WITH_THE_LOOP)
     assert "unilab_ros.robot.steps" in found
-    for name in found:
-        names = modules[name]
-        ros = {n for n in names if n.split(".")[0] in ROS_PACKAGES}
-        assert not ros, f"{name} imports ROS: {sorted(ros)}"
-        outside = {m for m in own(names, modules)
-                   if not within(m, "unilab_ros.rl", "unilab_ros.robot", *SHARED_WITH_THE_LOOP)}
-        assert not outside, f"{name} imports {sorted(outside)}"
 
 
 def test_the_package_root_holds_subpackages_only():
@@ -101,14 +99,7 @@ def test_the_package_root_holds_subpackages_only():
 
 
 def test_parameter_files_import_only_the_core():
-    modules = imports()
-    for name, names in modules.items():
-        if within(name, "unilab_ros.config"):
-            ros = {n for n in names if n.split(".")[0] in ROS_PACKAGES}
-            assert not ros, f"{name} imports ROS: {sorted(ros)}"
-            above = {m for m in own(names, modules)
-                     if not within(m, "unilab_ros.rl", "unilab_ros.config")}
-            assert not above, f"{name} imports {sorted(above)}"
+    assert_no_ros_and_only("unilab_ros.config", "unilab_ros.rl", "unilab_ros.config")
 
 
 def test_the_ros_helpers_import_no_node_and_no_tool():
