@@ -34,6 +34,7 @@ Prints the CPU model; the last line is ``robot_learning <robot> final_min=<x> ..
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import json
 import math
@@ -42,6 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import rclpy
@@ -69,14 +71,19 @@ def _start(module: str, params: Path, overrides: dict[str, str], env: dict[str, 
                             preexec_fn=die_with_parent())
 
 
+def start_robot(robot: str, rtf: float, seed: int, env: dict[str, str],
+                log: Path) -> subprocess.Popen:
+    """The shipped MuJoCo robot node ``robot``, free-running at ``rtf``."""
+    return _start("unilab_ros.sims.mujoco_robot_node", ROOT / "config" / "robots" /
+                  f"{robot}.yaml", {"real_time_factor": str(rtf), "seed": str(seed)}, env, log)
+
+
 def train(robot: str, seed: int, iterations: int, rtf: float, out: Path,
           domain: int) -> dict:
     """One training run; its metrics rows and wall time."""
     env = isolated_ros_env(domain)
     out.mkdir(parents=True, exist_ok=True)
-    sim = _start("unilab_ros.sims.mujoco_robot_node", ROOT / "config" / "robots" /
-                 f"{robot}.yaml", {"real_time_factor": str(rtf), "seed": str(seed)}, env,
-                 out / "robot.log")
+    sim = start_robot(robot, rtf, seed, env, out / "robot.log")
     began = time.monotonic()
     trainer = _start("unilab_ros.trainer", ROOT / "config" / "robot_train" / f"{robot}.yaml",
                      {"seed": str(seed), "max_iterations": str(iterations),
@@ -152,6 +159,29 @@ def finished(run: Path, iterations: int) -> dict | None:
     return {"rows": rows, "wall": wall}
 
 
+@contextlib.contextmanager
+def listening(env: dict[str, str], make: Callable[[], Node]
+              ) -> Iterator[tuple[Node, SingleThreadedExecutor]]:
+    """rclpy in this process on ``env``'s graph and the node ``make`` builds, in an
+    executor; rclpy is shut down and the process's environment restored on the way out."""
+    saved = {k: os.environ.get(k) for k in ("ROS_DOMAIN_ID", "ROS_AUTOMATIC_DISCOVERY_RANGE")}
+    os.environ.update({k: env[k] for k in saved})
+    rclpy.init()
+    node = make()
+    executor = SingleThreadedExecutor()
+    executor.add_node(node)
+    try:
+        yield node, executor
+    finally:
+        node.destroy_node()
+        rclpy.shutdown()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
 class _Operator(Node):
     """Reads the policy node's ~/status."""
 
@@ -173,39 +203,25 @@ def deploy(robot: str, policy: Path, episodes: int, rtf: float, out: Path, domai
     """The deployed policy's episode returns on a fresh robot process (the robot reset
     after each episode, as in training), and each episode's last reward-term values."""
     env = isolated_ros_env(domain)
-    sim = _start("unilab_ros.sims.mujoco_robot_node", ROOT / "config" / "robots" /
-                 f"{robot}.yaml",
-                 {"real_time_factor": str(rtf), "seed": str(DEPLOY_ROBOT_SEED)}, env,
-                 out / "deploy_robot.log")
+    sim = start_robot(robot, rtf, DEPLOY_ROBOT_SEED, env, out / "deploy_robot.log")
     params = out / "deploy.yaml"
     params.write_text(yaml.safe_dump({"/**/unilab_policy": {"ros__parameters": {
         "checkpoint": str(policy), "use_sim_time": True, "reset_between_episodes": True,
         "start_state": "active"}}}))
     node = _start("unilab_ros.deploy.policy_node", params, {}, env, out / "deploy_policy.log")
-    saved = {k: os.environ.get(k) for k in ("ROS_DOMAIN_ID", "ROS_AUTOMATIC_DISCOVERY_RANGE")}
-    os.environ.update({k: env[k] for k in saved})
-    rclpy.init()
-    operator = _Operator()
-    executor = SingleThreadedExecutor()
-    executor.add_node(operator)
     deadline = time.monotonic() + timeout
     status: dict = {}
     try:
-        while time.monotonic() < deadline:
-            executor.spin_once(timeout_sec=0.5)
-            status = operator.status.get("robot", {})
-            if len(status.get("episode_returns", [])) >= episodes:
-                break
-        if operator.status.get("state") != "active":
-            raise RuntimeError(f"policy_node did not activate: see {out / 'deploy_policy.log'}")
+        with listening(env, _Operator) as (operator, executor):
+            while time.monotonic() < deadline:
+                executor.spin_once(timeout_sec=0.5)
+                status = operator.status.get("robot", {})
+                if len(status.get("episode_returns", [])) >= episodes:
+                    break
+            if operator.status.get("state") != "active":
+                raise RuntimeError(
+                    f"policy_node did not activate: see {out / 'deploy_policy.log'}")
     finally:
-        operator.destroy_node()
-        rclpy.shutdown()
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
         stop(node)
         stop(sim)
     # Kept beside the run: a deployed return off its replay is read against these counts.

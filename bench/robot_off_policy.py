@@ -1,0 +1,174 @@
+"""Learning while acting through the free-running robot at a real robot's pace.
+
+    python bench/robot_off_policy.py                        # cartpole, seeds 0-2, 10 min
+    python bench/robot_off_policy.py --seeds 0 --minutes 3 --off-seconds 30
+
+Per seed, two runs of the MuJoCo robot node at ``--real-time-factor`` (1: a real robot's
+pace) beside the trainer with the shipped off-policy file
+(``config/robot_train/<robot>_sac.yaml``), each on an isolated graph:
+
+- learning off (``training: false``) for ``--off-seconds``: the control loop acting alone,
+  the floor of its period jitter on this machine at this moment;
+- learning on, ``learn_while_acting: true``, for ``--minutes`` of wall time: the learner on
+  its own thread, the robot never paused and never held for an update.
+
+From the trainer's ``~/status`` (about once a second): the control period's jitter p99
+(its median over the run's samples), the achieved control rate, and at the end the steps
+the loop dropped or took late; from metrics.csv, as each iteration lands: the mean return
+and length of the latest episodes (the ``best_min_episodes`` window) against wall time,
+the achieved update-to-data ratio and the policy lag. For the cart-pole, "balanced" is the
+first wall time at which that window's mean length reaches 990 of 1,000 steps.
+
+Prints the CPU model; the last line is ``robot_off_policy <robot> balanced_s_max=<x>
+jitter_p99_on_ms=<median over seeds> jitter_p99_off_ms=<...>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from rclpy.node import Node
+from std_msgs.msg import String
+
+from unilab_ros.tools.sim_train import isolated_ros_env, stop
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+from results_page import FLAG_HELP, cpu_model, recording  # noqa: E402  (bench: no package)
+from robot_learning import _start, listening, start_robot  # noqa: E402
+
+BALANCED_LENGTH = 990.0
+
+
+class _StatusReader(Node):
+    """Keeps every ~/status of the trainer it hears."""
+
+    def __init__(self) -> None:
+        super().__init__("robot_off_policy_bench")
+        self.samples: list[dict] = []
+        self.create_subscription(String, "/unilab_trainer/status", self._on_status, 10)
+
+    def _on_status(self, msg: String) -> None:
+        self.samples.append(json.loads(msg.data))
+
+
+def _robot_status(sample: dict) -> dict:
+    robots = sample.get("robots") or {}
+    return next(iter(robots.values()), {})
+
+
+def run(robot: str, seed: int, seconds: float, rtf: float, out: Path, domain: int,
+        learning: bool) -> dict:
+    """One run of ``seconds``; the status samples and metrics rows with their wall times."""
+    env = isolated_ros_env(domain)
+    out.mkdir(parents=True, exist_ok=True)
+    sim = start_robot(robot, rtf, seed, env, out / "robot.log")
+    overrides = {"seed": str(seed), "checkpoint_dir": str(out), "tensorboard": "false",
+                 "max_iterations": "0", "learn_while_acting": "true",
+                 "training": "true" if learning else "false"}
+    trainer = _start("unilab_ros.trainer", ROOT / "config" / "robot_train" /
+                     f"{robot}_sac.yaml", overrides, env, out / "trainer.log")
+    began = time.monotonic()
+    rows: list[tuple[float, dict]] = []
+    try:
+        with listening(env, _StatusReader) as (reader, executor):
+            while time.monotonic() - began < seconds and trainer.poll() is None:
+                executor.spin_once(timeout_sec=0.5)
+                rows = _new_rows(out / "metrics.csv", rows, time.monotonic() - began)
+    finally:
+        stop(trainer)
+        stop(sim)
+    return {"samples": reader.samples, "rows": rows}
+
+
+def _new_rows(path: Path, rows: list[tuple[float, dict]], wall: float
+              ) -> list[tuple[float, dict]]:
+    if not path.is_file():
+        return rows
+    with path.open() as handle:
+        found = list(csv.DictReader(handle))
+    return rows + [(wall, row) for row in found[len(rows):]]
+
+
+def jitter_p99(samples: list[dict]) -> float:
+    values = [(_robot_status(s).get("period_jitter") or {}).get("p99_ms") for s in samples]
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else float("nan")
+
+
+def summarize(robot: str, seed: int, on: dict, off: dict) -> dict:
+    last = _robot_status(on["samples"][-1]) if on["samples"] else {}
+    rate = last.get("control_rate") or {}
+    balanced = next((wall for wall, row in on["rows"]
+                     if float(row.get("mean_length") or 0) >= BALANCED_LENGTH), None)
+    learned = [row for _, row in on["rows"] if float(row.get("gradient_steps") or 0) > 0]
+
+    def mean_of(key: str) -> float:
+        values = [float(row[key]) for row in learned if row.get(key) not in (None, "")]
+        return statistics.mean(values) if values else float("nan")
+
+    return {
+        "seed": seed, "balanced_s": balanced,
+        "jitter_on": jitter_p99(on["samples"]), "jitter_off": jitter_p99(off["samples"]),
+        "rate": rate, "dropped": last.get("steps_dropped"), "late": last.get("late_steps"),
+        "shortfalls": last.get("rate_shortfalls"),
+        "utd": mean_of("utd_achieved"), "lag": mean_of("policy_lag"),
+        "owed": float(learned[-1]["updates_owed"]) if learned else float("nan"),
+        "curve": [(round(wall), row.get("env_steps"), row.get("mean_return"),
+                   row.get("mean_length")) for wall, row in on["rows"]][::10],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--robot", default="cartpole")
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--minutes", type=float, default=10.0)
+    parser.add_argument("--off-seconds", type=float, default=60.0)
+    parser.add_argument("--real-time-factor", type=float, default=1.0)
+    parser.add_argument("--out", type=Path, default=Path("/tmp/robot_off_policy"))
+    parser.add_argument("--results-page", action="store_true", help=FLAG_HELP)
+    args = parser.parse_args()
+    with recording(f"robot_off_policy:{args.robot}", args.results_page):
+        _bench(args)
+
+
+def _bench(args: argparse.Namespace) -> None:
+    print(f"CPU: {cpu_model()}; {args.robot} at real_time_factor {args.real_time_factor}, "
+          f"learning while acting for {args.minutes:g} min per seed, acting alone for "
+          f"{args.off_seconds:g} s")
+    results = []
+    for seed in args.seeds:
+        base = args.out / f"seed{seed}"
+        off = run(args.robot, seed, args.off_seconds, args.real_time_factor, base / "off",
+                  60 + seed, learning=False)
+        on = run(args.robot, seed, 60 * args.minutes, args.real_time_factor, base / "on",
+                 70 + seed, learning=True)
+        row = summarize(args.robot, seed, on, off)
+        results.append(row)
+        balanced = "not within the run" if row["balanced_s"] is None else \
+            f"{row['balanced_s']:.0f} s"
+        print(f"seed {seed}: balanced at {balanced}; period jitter p99 "
+              f"{row['jitter_on']:.3f} ms learning, {row['jitter_off']:.3f} ms acting alone; "
+              f"control rate {row['rate'].get('achieved_hz')} of "
+              f"{row['rate'].get('expected_hz')} Hz; steps dropped {row['dropped']}, late "
+              f"{row['late']}, rate shortfalls {row['shortfalls']}; achieved utd "
+              f"{row['utd']:.2f}, policy lag {row['lag']:.1f} gradient steps, owed at the "
+              f"end {row['owed']:.0f}")
+        print("  (wall s, env steps, mean return, mean length) every 10th iteration: "
+              + " ".join(str(point) for point in row["curve"]))
+    times = [r["balanced_s"] for r in results]
+    worst = max(times) if times and None not in times else float("nan")
+    print(f"robot_off_policy {args.robot} balanced_s_max={worst:.0f} "
+          f"jitter_p99_on_ms={statistics.median(r['jitter_on'] for r in results):.3f} "
+          f"jitter_p99_off_ms={statistics.median(r['jitter_off'] for r in results):.3f}")
+
+
+if __name__ == "__main__":
+    main()
