@@ -12,15 +12,17 @@ pace) beside the trainer with the shipped off-policy file
 - learning on, ``learn_while_acting: true``, for ``--minutes`` of wall time: the learner on
   its own thread, the robot never paused and never held for an update.
 
-From the trainer's ``~/status`` (about once a second): the control period's jitter p99
-(its median over the run's samples), the achieved control rate, and at the end the steps
-the loop dropped or took late; from metrics.csv, as each iteration lands: the mean return
+At the robot's command topic: the wall time of every command, so the p99 of |interval -
+control period| (the robot's resets left out) is what a controller sees of the loop,
+learning or not (the trainer's own period jitter is in sim time here, where ticks follow
+/clock); from the trainer's ``~/status``: the achieved control rate, and at the end the
+steps the loop dropped or took late; from metrics.csv, as each iteration lands: the mean return
 and length of the latest episodes (the ``best_min_episodes`` window) against wall time,
 the achieved update-to-data ratio and the policy lag. For the cart-pole, "balanced" is the
 first wall time at which that window's mean length reaches 990 of 1,000 steps.
 
 Prints the CPU model; the last line is ``robot_off_policy <robot> balanced_s_max=<x>
-jitter_p99_on_ms=<median over seeds> jitter_p99_off_ms=<...>``.
+jitter_p99_on_ms=<median over seeds> jitter_p99_off_ms=<...>`` (the command intervals').
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ import time
 from pathlib import Path
 
 from rclpy.node import Node
-from std_msgs.msg import String
+from std_msgs.msg import Float64MultiArray, String
 
 from unilab_ros.tools.sim_train import isolated_ros_env, stop
 
@@ -44,18 +46,30 @@ from results_page import FLAG_HELP, cpu_model, recording  # noqa: E402  (bench: 
 from robot_learning import _start, listening, start_robot  # noqa: E402
 
 BALANCED_LENGTH = 990.0
+COMMAND_TOPIC = "/effort_controller/commands"
+"""The cart-pole's command topic (its spec's ``actions.topic``)."""
+PERIOD = 0.02
+"""The cart-pole spec's control period (50 Hz)."""
+WARM_UP_S = 10.0
+"""Command intervals of the first seconds (start-up, the first episode's reset) left out."""
 
 
 class _StatusReader(Node):
-    """Keeps every ~/status of the trainer it hears."""
+    """Keeps every ~/status of the trainer it hears, and the wall time each command reaches
+    the robot's topic (what a robot's controller sees of the control loop's period)."""
 
     def __init__(self) -> None:
         super().__init__("robot_off_policy_bench")
         self.samples: list[dict] = []
+        self.command_times: list[float] = []
         self.create_subscription(String, "/unilab_trainer/status", self._on_status, 10)
+        self.create_subscription(Float64MultiArray, COMMAND_TOPIC, self._on_command, 100)
 
     def _on_status(self, msg: String) -> None:
         self.samples.append(json.loads(msg.data))
+
+    def _on_command(self, _msg: Float64MultiArray) -> None:
+        self.command_times.append(time.monotonic())
 
 
 def _robot_status(sample: dict) -> dict:
@@ -84,7 +98,24 @@ def run(robot: str, seed: int, seconds: float, rtf: float, out: Path, domain: in
     finally:
         stop(trainer)
         stop(sim)
-    return {"samples": reader.samples, "rows": rows}
+    return {"samples": reader.samples, "rows": rows,
+            "intervals": command_intervals(reader.command_times, began + WARM_UP_S)}
+
+
+def command_intervals(times: list[float], after: float) -> list[float]:
+    """Wall seconds between consecutive commands past ``after``; the robot's reset between
+    two episodes (no command while it resets) is no interval of the control loop."""
+    kept = [t for t in times if t >= after]
+    gaps = [b - a for a, b in zip(kept, kept[1:], strict=False)]
+    return [gap for gap in gaps if gap < 0.2]
+
+
+def interval_jitter_p99(intervals: list[float], period: float) -> float:
+    """p99 of |interval - period| in ms."""
+    if len(intervals) < 100:
+        return float("nan")
+    deviations = sorted(abs(gap - period) * 1e3 for gap in intervals)
+    return deviations[int(0.99 * (len(deviations) - 1))]
 
 
 def _new_rows(path: Path, rows: list[tuple[float, dict]], wall: float
@@ -94,12 +125,6 @@ def _new_rows(path: Path, rows: list[tuple[float, dict]], wall: float
     with path.open() as handle:
         found = list(csv.DictReader(handle))
     return rows + [(wall, row) for row in found[len(rows):]]
-
-
-def jitter_p99(samples: list[dict]) -> float:
-    values = [(_robot_status(s).get("period_jitter") or {}).get("p99_ms") for s in samples]
-    values = [v for v in values if v is not None]
-    return statistics.median(values) if values else float("nan")
 
 
 def summarize(robot: str, seed: int, on: dict, off: dict) -> dict:
@@ -115,7 +140,9 @@ def summarize(robot: str, seed: int, on: dict, off: dict) -> dict:
 
     return {
         "seed": seed, "balanced_s": balanced,
-        "jitter_on": jitter_p99(on["samples"]), "jitter_off": jitter_p99(off["samples"]),
+        "jitter_on": interval_jitter_p99(on["intervals"], PERIOD),
+        "jitter_off": interval_jitter_p99(off["intervals"], PERIOD),
+        "commands": len(on["intervals"]),
         "rate": rate, "dropped": last.get("steps_dropped"), "late": last.get("late_steps"),
         "shortfalls": last.get("rate_shortfalls"),
         "utd": mean_of("utd_achieved"), "lag": mean_of("policy_lag"),
@@ -154,8 +181,9 @@ def _bench(args: argparse.Namespace) -> None:
         results.append(row)
         balanced = "not within the run" if row["balanced_s"] is None else \
             f"{row['balanced_s']:.0f} s"
-        print(f"seed {seed}: balanced at {balanced}; period jitter p99 "
-              f"{row['jitter_on']:.3f} ms learning, {row['jitter_off']:.3f} ms acting alone; "
+        print(f"seed {seed}: balanced at {balanced}; command interval jitter p99 (wall "
+              f"clock, at the robot's topic) {row['jitter_on']:.3f} ms learning, "
+              f"{row['jitter_off']:.3f} ms acting alone; "
               f"control rate {row['rate'].get('achieved_hz')} of "
               f"{row['rate'].get('expected_hz')} Hz; steps dropped {row['dropped']}, late "
               f"{row['late']}, rate shortfalls {row['shortfalls']}; achieved utd "

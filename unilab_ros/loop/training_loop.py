@@ -321,6 +321,11 @@ class TrainingLoop(RobotChecks):
         """The PPO update on the collected rollout; its metrics."""
         metrics = self.agent.update(self.lanes.bootstrap_obs)
         self.lanes.clear()
+        if self.learner is not None:
+            # The learner thread keeps them (checked on its side): no wait for its lock here.
+            self._good_parameters = self.agent.good_parameters
+            self.updates_run += 1
+            return metrics
         with model_lock(self.agent):
             parameters = self.agent.model.parameters()
             # Kept for a later non-finite action (MLX arrays are immutable: references).

@@ -108,6 +108,9 @@ class SACAgent:
         self.actor_steps = 0
         """The gradient steps behind the actor that acts (the policy lag is the learner's
         steps beyond it)."""
+        self.good_parameters = self.model.parameters()
+        """The model's latest parameters after a learning call whose steps were all finite
+        (MLX arrays are immutable: references), for a loop that must restore them."""
         self.background: Any = None
         """The learner thread (``background_learner``) while learning runs beside acting."""
 
@@ -194,6 +197,8 @@ class SACAgent:
             done += 1
         with self._replay_lock:
             self.updates_owed -= steps
+        if done == steps:
+            self.good_parameters = self.model.parameters()
         self.refresh_actor()
         result = {name: float(v) for name, v in zip(METRICS, totals / max(done, 1),
                                                      strict=True)}
