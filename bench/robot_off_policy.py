@@ -19,7 +19,8 @@ learning or not (the trainer's own period jitter is in sim time here, where tick
 steps the loop dropped or took late; from metrics.csv, as each iteration lands: the mean return
 and length of the latest episodes (the ``best_min_episodes`` window) against wall time,
 the achieved update-to-data ratio and the policy lag. For the cart-pole, "balanced" is the
-first wall time at which that window's mean length reaches 990 of 1,000 steps.
+first wall time at which an episode ended 950 or more env steps after the one before it
+(its time limit is 1,000; episode ends are known to the iteration, 50 steps).
 
 Prints the CPU model; the last line is ``robot_off_policy <robot> balanced_s_max=<x>
 jitter_p99_on_ms=<median over seeds> jitter_p99_off_ms=<...>`` (the command intervals').
@@ -45,7 +46,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from results_page import FLAG_HELP, cpu_model, recording  # noqa: E402  (bench: no package)
 from robot_learning import _start, listening, start_robot  # noqa: E402
 
-BALANCED_LENGTH = 990.0
+BALANCED_LENGTH = 950.0
 COMMAND_TOPIC = "/effort_controller/commands"
 """The cart-pole's command topic (its spec's ``actions.topic``)."""
 PERIOD = 0.02
@@ -127,11 +128,26 @@ def _new_rows(path: Path, rows: list[tuple[float, dict]], wall: float
     return rows + [(wall, row) for row in found[len(rows):]]
 
 
+def balanced_at(rows: list[tuple[float, dict]]) -> float | None:
+    """The wall time of the first episode end at least BALANCED_LENGTH env steps after the
+    one before it (one env: a cart-pole held up to its time limit). Episode ends are known
+    to the iteration (num_steps env steps); the logged mean length is over the last 100
+    episodes and lags far behind."""
+    previous_end = None
+    for (_, before), (wall, row) in zip(rows, rows[1:], strict=False):
+        if float(row["episodes"]) <= float(before["episodes"]):
+            continue
+        end = float(row["env_steps"])
+        if previous_end is not None and end - previous_end >= BALANCED_LENGTH:
+            return wall
+        previous_end = end
+    return None
+
+
 def summarize(robot: str, seed: int, on: dict, off: dict) -> dict:
     last = _robot_status(on["samples"][-1]) if on["samples"] else {}
     rate = last.get("control_rate") or {}
-    balanced = next((wall for wall, row in on["rows"]
-                     if float(row.get("mean_length") or 0) >= BALANCED_LENGTH), None)
+    balanced = balanced_at(on["rows"])
     learned = [row for _, row in on["rows"] if float(row.get("gradient_steps") or 0) > 0]
 
     def mean_of(key: str) -> float:
