@@ -55,6 +55,8 @@ class BackgroundLearner:
         self._env_steps_at_take = agent.env_steps
         self.error: BaseException | None = None
         """What stopped the thread, when something did (reported by ``take``)."""
+        self._switch_interval: float | None = None
+        """Python's switch interval before ``start``, put back by ``stop``."""
         self._thread = threading.Thread(target=self._run, name="sac-learner", daemon=True)
 
     def start(self) -> BackgroundLearner:
@@ -72,7 +74,7 @@ class BackgroundLearner:
         self._stop.set()
         self._thread.join(timeout)
         self.agent.background = None
-        if hasattr(self, "_switch_interval"):
+        if self._switch_interval is not None:
             sys.setswitchinterval(self._switch_interval)
 
     @property

@@ -30,6 +30,7 @@ from unilab_ros.rl.checkpoint import (
     SUFFIX,
     Checkpoint,
     CheckpointError,
+    _prefixed,
     check_stored_arrays,
     package_versions,
 )
@@ -46,10 +47,6 @@ def replay_path(checkpoint: str | os.PathLike[str]) -> Path:
     path = Path(checkpoint)
     stem = path.name[: -len(SUFFIX)] if path.name.endswith(SUFFIX) else path.name
     return path.with_name(stem + REPLAY_SUFFIX)
-
-
-def _flat(prefix: str, tree: Any) -> dict[str, mx.array]:
-    return {f"{prefix}/{name}": value for name, value in tree_flatten(tree)}
 
 
 def save_sac_checkpoint(path: str | os.PathLike[str], agent: SACAgent,
@@ -75,9 +72,9 @@ def save_sac_checkpoint(path: str | os.PathLike[str], agent: SACAgent,
     }
     if kind == "training":
         learner = agent.learner
-        arrays |= _flat("sac", agent.model.parameters())
-        arrays |= {k: v for i, o in enumerate(learner.optimizers)
-                   for k, v in _flat(f"optimizer{i}", o.state).items()}
+        arrays |= _prefixed("sac", agent.model.parameters())
+        for i, optimizer in enumerate(learner.optimizers):
+            arrays |= _prefixed(f"optimizer{i}", optimizer.state)
         meta["counters"] = json.dumps({"updates_owed": agent.updates_owed,
                                        "nonfinite_steps": agent.nonfinite_steps,
                                        "gradient_steps": learner.steps})
