@@ -1,6 +1,7 @@
 """Learning while acting: the off-policy learner steps on a thread of its own, the loop
 never pauses for it (no BeginUpdate, no safe action held) and reports per iteration the
-gradient steps, the achieved update-to-data ratio and the policy lag; PPO refuses the mode."""
+gradient steps, the achieved update-to-data ratio and the policy lag (PPO's form of the
+mode: test_ppo_beside_acting.py)."""
 
 from __future__ import annotations
 
@@ -9,11 +10,11 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from loop_harness import run_paced
 
 from unilab_ros.config.paths import config_file
 from unilab_ros.config.training_setup import load_setup
 from unilab_ros.loop.config import LoopConfig
-from unilab_ros.loop.decisions import BeginUpdate, IterationDone, PublishAction
 from unilab_ros.rl.agent import AgentConfig
 from unilab_ros.rl.background_learner import STEPS_PER_CALL, BackgroundLearner
 from unilab_ros.rl.sac_agent import SACAgent
@@ -37,24 +38,9 @@ def test_the_loop_never_pauses_and_each_iteration_reports_the_learner():
     setup, session = pendulum_session(max_iterations=12)
     loop, agent = session.loop, session.loop.agent
     sim = GymVectorSim(setup.env_id, setup.agent.num_envs, 0, 0)
-    reports, paused = [], 0
     try:
-        stamp = 0
-        decisions = loop.on_observation(0, sim.reset(), stamp, 0.0, 0.0)
-        deadline = time.monotonic() + 120.0
-        while time.monotonic() < deadline:
-            paused += sum(isinstance(d, BeginUpdate) for d in decisions)
-            reports += [d.metrics for d in decisions if isinstance(d, IterationDone)]
-            actions = [d for d in decisions if isinstance(d, PublishAction)]
-            if not actions:
-                break
-            # A robot at real time: the learner gets the time between two steps.
-            time.sleep(0.005)
-            step = sim.step(actions[0].command)
-            stamp += 1
-            loop.on_reward(0, step.reward, stamp, 0.0)
-            loop.on_done(0, step.done, stamp, 0.0)
-            decisions = loop.on_observation(0, step.observation, stamp, 0.0, 0.0)
+        # A robot at real time: the learner gets the time between two steps.
+        reports, paused = run_paced(loop, sim, 120.0, 0.005)
     finally:
         loop.close()
         sim.close()
@@ -67,12 +53,6 @@ def test_the_loop_never_pauses_and_each_iteration_reports_the_learner():
         assert metrics["utd_achieved"] > 0.0 and np.isfinite(metrics["critic_loss"])
     # The thread may have stepped on after the last report, until it was stopped.
     assert agent.learner.steps >= sum(m["gradient_steps"] for m in reports)
-
-
-def test_ppo_refuses_to_learn_while_acting():
-    cfg = SessionConfig(AgentConfig(), loop=LoopConfig(learn_while_acting=True))
-    with pytest.raises(ValueError, match="off-policy learner"):
-        build_session(cfg)
 
 
 def test_a_failing_learner_thread_is_reported_not_silent():

@@ -29,9 +29,10 @@ class LoopConfig:
     """Act with the mean action (no learning from those steps); see ~/set_deterministic."""
     learn_while_acting: bool = False
     """The learner runs on a thread of its own beside the control loop, which never waits
-    for it (no pause, no safe action held): every num_steps env steps per env only close
-    an iteration (metrics, checkpoints, the best policy). The off-policy learner's
-    (algorithm: sac); PPO updates between rollouts."""
+    for it (no pause, no safe action held). The off-policy learner (algorithm: sac) steps
+    on its own and every num_steps env steps per env only close an iteration (metrics,
+    checkpoints, the best policy); PPO updates on rollout k while rollout k+1 is
+    collected, acting meanwhile with the policy the update started from."""
 
     def validate(self) -> None:
         if self.step_timeout <= 0.0 or self.episode_end_timeout <= 0.0:

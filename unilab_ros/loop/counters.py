@@ -15,9 +15,9 @@ class Counters(dict[str, int]):
     def __init__(self, names: Iterable[str]) -> None:
         super().__init__(dict.fromkeys(names, 0))
 
-    def add(self, name: str) -> int:
-        """Add one to ``name``; returns its new value."""
-        self[name] += 1
+    def add(self, name: str, count: int = 1) -> int:
+        """Add ``count`` to ``name``; returns its new value."""
+        self[name] += count
         return self[name]
 
     @classmethod

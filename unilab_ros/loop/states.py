@@ -16,6 +16,7 @@ COUNTERS = (
     "save_requests_refused",
     "estops",
     "guarded_actions",
+    "steps_behind_update",
 )
 """The trainer's counters besides the step sources', in their reporting order."""
 FLEET_COUNTERS = ("robot_stalls", "robot_rejoins")

@@ -29,13 +29,13 @@ import numpy as np
 
 from unilab_ros.loop.action_safety import ActionGuard, ActionSafetyConfig
 from unilab_ros.loop.action_units import as_sent, in_policy_units
+from unilab_ros.loop.beside_acting import BesideActing
 from unilab_ros.loop.config import LoopConfig
 from unilab_ros.loop.counters import Counters
 from unilab_ros.loop.decisions import (
     BeginUpdate,
     Decision,
     Finished,
-    IterationDone,
     PublishAction,
     Save,
     StepDropped,
@@ -55,12 +55,13 @@ from unilab_ros.rl.algorithm import (
     learn_beside_acting,
     model_lock,
 )
+from unilab_ros.rl.background_update import BackgroundUpdate
 from unilab_ros.rl.best import BestPolicy
 from unilab_ros.rl.checkpoint import all_finite
 from unilab_ros.rl.episodes import EpisodeStats
 
 
-class TrainingLoop(RobotChecks):
+class TrainingLoop(RobotChecks, BesideActing):
     """The trainer's decisions over one training session; see the module docstring."""
 
     def __init__(
@@ -108,6 +109,11 @@ class TrainingLoop(RobotChecks):
         self.lanes = collector(agent)
         self.learner = learn_beside_acting(agent) if cfg.learn_while_acting else None
         """The learner thread while learning runs beside acting."""
+        self._stale_steps = 0
+        """PPO beside acting: steps of the rollout being collected that were acted on
+        while the previous update ran (one update behind when learned from)."""
+        self._handed_over_lag = 0.0
+        """The policy lag (in updates) of the rollout the running update learns from."""
         self.estop = False
         self.phase = Phase.WAITING
         self.updates_run = 0
@@ -230,6 +236,8 @@ class TrainingLoop(RobotChecks):
             # episode (the stop cut them); the next action is the policy's after release.
             return [self._act(r, step.next_obs, step.next_obs_stamp, now)]
         self.stats.add(step.reward, step.done, robot.envs)
+        if isinstance(self.learner, BackgroundUpdate):
+            return self._complete_beside_update(r, step, now, self.learner)
         if (self.phase is Phase.COLLECTING and self.learning and robot.acted_by_sampling
                 and robot.policy_outputs is not None):
             mean, std = robot.policy_outputs
@@ -274,10 +282,12 @@ class TrainingLoop(RobotChecks):
             actions = self._as_sent(actions, mapped, command)
         else:
             self.counters.add("nonfinite_actions")
-            with model_lock(self.agent):
-                restored = not all_finite(self.agent.model.parameters())
-                if restored:
-                    self.agent.model.update(self._good_parameters)
+            if not self._update_running:
+                # A running update's result is checked when it lands (``_update_landed``).
+                with model_lock(self.agent):
+                    restored = not all_finite(self.agent.model.parameters())
+                    if restored:
+                        self.agent.model.update(self._good_parameters)
         robot.source.action_sent(obs, actions, stamp, now)
         # A mean action is no sample of the policy, nor is a safe action sent in its place:
         # PPO must not learn from their steps, even if deterministic mode is switched off
@@ -333,14 +343,6 @@ class TrainingLoop(RobotChecks):
                 self._good_parameters = parameters
         self.updates_run += 1
         return metrics
-
-    def _iteration_done(self, r: int, step: Transition, now: float) -> list[Decision]:
-        """Learning while acting: close the iteration, then act (unless it was the last)."""
-        decisions: list[Decision] = [IterationDone(self.update()), *self.after_update()]
-        if self.cfg.max_iterations and self.agent.iteration >= self.cfg.max_iterations:
-            self.phase = Phase.FINISHED
-            return [*decisions, Finished()]
-        return [*decisions, self._act(r, step.next_obs, step.next_obs_stamp, now)]
 
     def after_update(self) -> list[Save]:
         """The saves this iteration calls for: ``best`` when the policy is the best so far

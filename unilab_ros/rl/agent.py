@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 from dataclasses import dataclass
 
@@ -136,6 +137,11 @@ class PPOAgent:
         """Keep the observation statistics as they are (fine-tuning from a bundle)."""
         self._acted: tuple[np.ndarray | None, np.ndarray, np.ndarray] = (
             None, self.sampler.last_mean, self.sampler.last_std)
+        self._spare_buffer: RolloutBuffer | None = None
+        """The buffer a rollout handed over by ``take_rollout`` was in (made on first use)."""
+        self.model_lock = threading.Lock()
+        """Held by an update running beside acting (``rl.background_update``), and by the
+        control thread's own MLX work on the model meanwhile (checkpoints, bundles)."""
         mx.eval(self.model.parameters())
 
     def act(self, obs: np.ndarray, deterministic: bool = False) -> np.ndarray:
@@ -208,14 +214,39 @@ class PPOAgent:
     def rollout_full(self) -> bool:
         return self.buffer.full
 
-    def update(self, last_obs: np.ndarray) -> dict[str, float]:
-        """Normalizer, GAE and PPO epochs on the full rollout; clears it."""
+    def take_rollout(self) -> RolloutBuffer:
+        """The full rollout, handed over for an update beside acting; the next steps go into
+        a buffer of their own meanwhile (the two swap at each hand-over)."""
+        full, spare = self.buffer, self._spare_buffer
+        if spare is None:
+            spare = RolloutBuffer(self.cfg.num_steps, self.cfg.num_envs, self.cfg.obs_dim,
+                                  self.cfg.action_dim, self.ppo_cfg.gamma, self.ppo_cfg.lam)
+        spare.clear()
+        self.buffer, self._spare_buffer = spare, full
+        return full
+
+    def update(self, last_obs: np.ndarray,
+               buffer: RolloutBuffer | None = None) -> dict[str, float]:
+        """Normalizer, GAE and PPO epochs on the full rollout; clears it.
+
+        ``buffer``: a rollout handed over by ``take_rollout``, whose steps may have been
+        acted on by the policy before the latest update. The ratio stays against the policy
+        that acted (its stored log-probs); the KL that adapts the learning rate and stops
+        the epochs is measured from the policy as this update starts (its mean and std
+        replace the stored ones), so it bounds this update's own step: against the acting
+        policy, one update's distance alone stopped the epochs at their first mini-batch.
+        """
         start = time.perf_counter()
-        buffer = self.buffer
+        handed_over = buffer is not None
+        buffer = self.buffer if buffer is None else buffer
         obs = mx.array(buffer.observations.reshape(-1, self.cfg.obs_dim))
         values = self.model.value(obs)
         last_values = self.model.value(mx.array(last_obs))
         mx.eval(values, last_values)
+        if handed_over:
+            mean, std, _ = self.model.distribution_params(obs)
+            buffer.mean[:] = np.array(mean).reshape(buffer.mean.shape)
+            buffer.std[:] = np.array(std).reshape(buffer.std.shape)
         buffer.values[: buffer.step] = np.array(values).reshape(buffer.step, -1)
         buffer.compute_returns_and_advantages(np.array(last_values))
         train_actor = self.critic_only_updates == 0

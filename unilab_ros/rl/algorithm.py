@@ -12,8 +12,8 @@ policy export are written and read, and the deployable actor.
 
 from __future__ import annotations
 
-import contextlib
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ import numpy as np
 from unilab_ros.rl.actions import ActionConfig
 from unilab_ros.rl.agent import PPOAgent
 from unilab_ros.rl.background_learner import BackgroundLearner
+from unilab_ros.rl.background_update import BackgroundUpdate
 from unilab_ros.rl.bundle import PolicyBundle, bundle_from_agent
 from unilab_ros.rl.checkpoint import (
     Checkpoint,
@@ -44,18 +45,18 @@ def algorithm_of(agent: Agent) -> str:
     return "sac" if isinstance(agent, SACAgent) else "ppo"
 
 
-def model_lock(agent: Agent) -> contextlib.AbstractContextManager:
-    """Held around MLX work on the model from the control thread: a learner thread may be
-    stepping it (PPO has none: nothing to wait for)."""
-    return agent.model_lock if isinstance(agent, SACAgent) else contextlib.nullcontext()
+def model_lock(agent: Agent) -> threading.Lock:
+    """Held around MLX work on the model from the control thread: a learner thread (the
+    off-policy learner's, or PPO's update beside acting) may be computing on it."""
+    return agent.model_lock
 
 
-def learn_beside_acting(agent: Agent) -> BackgroundLearner:
-    """Start the learner thread of ``agent`` (the off-policy learner's only)."""
-    if not isinstance(agent, SACAgent):
-        raise ValueError("learn_while_acting needs the off-policy learner (algorithm: sac); "
-                         "PPO learns between rollouts")
-    return BackgroundLearner(agent).start()
+def learn_beside_acting(agent: Agent) -> BackgroundLearner | BackgroundUpdate:
+    """What learns beside acting: the off-policy learner's thread (started), or PPO's
+    update of each full rollout while the next is collected."""
+    if isinstance(agent, SACAgent):
+        return BackgroundLearner(agent).start()
+    return BackgroundUpdate(agent)
 
 
 def collector(agent: Agent) -> Collector:
@@ -117,8 +118,11 @@ def update_summary(metrics: dict[str, float]) -> str:
     """What the learner's update says: PPO's KL and learning rates, or the off-policy
     learner's gradient steps, critic loss and entropy coefficient."""
     if "approx_kl" in metrics:
+        # Beside acting: the share of the rollout acted on by the policy before the update.
+        lag = f" lag {metrics['policy_lag']:.2f}" if "policy_lag" in metrics else ""
         return (f"kl {metrics['approx_kl']:.4f} (max {metrics['approx_kl_max']:.3f}) "
-                f"lr {metrics['learning_rate_min']:.0e}..{metrics['learning_rate_max']:.0e}")
+                f"lr {metrics['learning_rate_min']:.0e}..{metrics['learning_rate_max']:.0e}"
+                + lag)
     if not metrics.get("gradient_steps"):
         return "warm-up (random actions, no gradient step yet)"
     return (f"{metrics['gradient_steps']:.0f} gradient steps, critic loss "

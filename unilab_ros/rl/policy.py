@@ -129,6 +129,8 @@ class PolicySampler:
         self.last_mean = np.zeros((0, model.action_dim), np.float32)
         """The mean action of the latest call (what PPO stores as the acting policy's)."""
         self.last_std = np.ones(model.action_dim, np.float32)
+        self.pinned = False
+        """Acting with the actor copy ``pin`` took, whatever the model holds meanwhile."""
 
     @property
     def key(self) -> mx.array:
@@ -140,13 +142,37 @@ class PolicySampler:
         low, high = (int(word) for word in np.asarray(key, np.uint32).reshape(2))
         self._stream = low | high << 32
 
-    def __call__(self, obs: np.ndarray, deterministic: bool = False) -> np.ndarray:
-        obs = np.asarray(obs, np.float32)
-        if self._activation is None or obs.size > NUMPY_MAX_ROWS * self.model.obs_dim:
-            return self._mlx_actions(obs, deterministic)
+    def pin(self) -> None:
+        """Act with the actor as it is now, in numpy at any batch size, until ``unpin``:
+        an update running beside acting replaces the model's arrays as it goes, and the
+        control thread must neither act with a half-updated policy nor evaluate MLX arrays
+        the update thread is computing."""
+        self.check_pinnable()
+        self._copy_actor()
+        self.pinned = True
+
+    def check_pinnable(self) -> None:
+        """Refuse an actor ``pin`` cannot copy to numpy (its activation has no twin)."""
+        if self._activation is None:
+            raise ValueError(f"the {self.model.cfg.activation} activation has no numpy twin: "
+                             "acting beside an update needs one of "
+                             f"{sorted(_NUMPY_ACTIVATIONS)}")
+
+    def unpin(self) -> None:
+        """The update is done: the next action copies the model's new actor."""
+        self.pinned = False
+
+    def _copy_actor(self) -> None:
         arrays = _actor_arrays(self.model)
         if self._actor is None or not self._actor.is_copy_of(arrays):
             self._actor = _NumpyActor(self.model, arrays, self._activation)
+
+    def __call__(self, obs: np.ndarray, deterministic: bool = False) -> np.ndarray:
+        obs = np.asarray(obs, np.float32)
+        if not self.pinned:
+            if self._activation is None or obs.size > NUMPY_MAX_ROWS * self.model.obs_dim:
+                return self._mlx_actions(obs, deterministic)
+            self._copy_actor()
         mean = self._actor.mean(obs)
         self.last_mean, self.last_std = mean, self._actor.std
         if deterministic:

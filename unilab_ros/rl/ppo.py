@@ -113,6 +113,12 @@ class PPOTrainer:
     def _state(self) -> list[Any]:
         return [self.model.state, self.optimizer.state, self.schedule_state]
 
+    def arrays(self) -> list[Any]:
+        """Every MLX array the update reads or writes (the model's included): evaluated
+        before another thread computes on them, since MLX streams are per thread."""
+        anchor = [] if self._anchor is None else [self._anchor.state]
+        return [*self._state(), self.shuffle_key, *anchor]
+
     def _build_step(self):
         if not self.runtime.enable_compile:
             return self._train_step
