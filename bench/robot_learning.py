@@ -5,6 +5,7 @@ trainer reading its robot spec, seeds 0-2, and the deployed policy on a fresh ro
     python bench/robot_learning.py --robot reacher --iterations 200 --seeds 0
     python bench/robot_learning.py --robot cartpole --seeds 0 --no-in-process --reuse \
         --out /tmp/robot_learning_cartpole         # deploy a finished training again
+    python bench/robot_learning.py --learn-while-acting --no-in-process   # PPO beside acting
 
 Each seed starts ``mujoco_robot_node`` (``config/robots/<robot>.yaml`` at
 ``--real-time-factor``) and ``trainer_node`` (``config/robot_train/<robot>.yaml``) as two
@@ -78,17 +79,24 @@ def start_robot(robot: str, rtf: float, seed: int, env: dict[str, str],
                   f"{robot}.yaml", {"real_time_factor": str(rtf), "seed": str(seed)}, env, log)
 
 
+BESIDE_ACTING = {"learn_while_acting": "true", "update_trigger": "rollout_full",
+                 "pause_service": "''", "resume_service": "''"}
+"""The trainer's overrides of ``--learn-while-acting``: the update beside acting, no pause
+service (the robot never stops), no wait for an episode's end."""
+
+
 def train(robot: str, seed: int, iterations: int, rtf: float, out: Path,
-          domain: int) -> dict:
-    """One training run; its metrics rows and wall time."""
+          domain: int, overrides: dict[str, str] | None = None) -> dict:
+    """One training run (``overrides``: the trainer's, beside the bench's own); its metrics
+    rows and wall time."""
     env = isolated_ros_env(domain)
     out.mkdir(parents=True, exist_ok=True)
     sim = start_robot(robot, rtf, seed, env, out / "robot.log")
     began = time.monotonic()
     trainer = _start("unilab_ros.trainer", ROOT / "config" / "robot_train" / f"{robot}.yaml",
                      {"seed": str(seed), "max_iterations": str(iterations),
-                      "checkpoint_dir": str(out), "tensorboard": "false"}, env,
-                     out / "trainer.log")
+                      "checkpoint_dir": str(out), "tensorboard": "false",
+                      **(overrides or {})}, env, out / "trainer.log")
     try:
         trainer.wait()
     finally:
@@ -277,6 +285,16 @@ def print_distances(what: str, distances: list[float]) -> None:
               f"{1000 * sum(distances) / len(distances):.1f} mm)")
 
 
+def _beside_acting(rows: list[dict]) -> str:
+    """What the update beside acting cost, where it ran: the mean policy lag (share of a
+    rollout acted on by the policy before the update) and the steps not stored."""
+    if "policy_lag" not in rows[-1]:
+        return ""
+    lag = sum(float(r["policy_lag"]) for r in rows) / len(rows)
+    return (f" | policy lag {lag:.3f} (max {max(float(r['policy_lag']) for r in rows):.3f})"
+            f" | steps behind the update {rows[-1]['steps_behind_update']}")
+
+
 def _at(rows: list[dict], mark: int, key: str) -> float:
     below = [float(r[key]) for r in rows if _steps(r) <= mark and r[key] != ""]
     return below[-1] if below and _steps(rows[-1]) >= mark else math.nan
@@ -303,10 +321,13 @@ def main() -> None:
                         help="also train each seed in process (sims.spec_env)")
     parser.add_argument("--ros", action=argparse.BooleanOptionalAction, default=True,
                         help="train (and deploy) through ROS")
+    parser.add_argument("--learn-while-acting", action="store_true",
+                        help="through ROS, PPO's update beside acting with no pause service")
     parser.add_argument("--results-page", action="store_true", help=FLAG_HELP)
     args = parser.parse_args()
-    # One section per robot: a reacher run must not replace the cart-pole's figures.
-    with recording(f"robot_learning:{args.robot}", args.results_page):
+    # One section per robot and mode: a reacher run must not replace the cart-pole's.
+    mode = "_beside_acting" if args.learn_while_acting else ""
+    with recording(f"robot_learning:{args.robot}{mode}", args.results_page):
         _bench(args)
 
 
@@ -336,7 +357,8 @@ def _bench(args: argparse.Namespace) -> None:
             continue
         run = out / f"seed{seed}"
         result = (finished(run, iterations) if args.reuse else None) or train(
-            args.robot, seed, iterations, args.real_time_factor, run, 60 + seed)
+            args.robot, seed, iterations, args.real_time_factor, run, 60 + seed,
+            BESIDE_ACTING if args.learn_while_acting else None)
         rows = result["rows"]
         marks, best, final = _summary(rows)
         finals.append(final)
@@ -344,7 +366,8 @@ def _bench(args: argparse.Namespace) -> None:
               f"({_steps(rows[-1]) / result['wall']:.0f} steps/s) | mean return "
               f"at {marks} | best {best:.2f} final {final:.2f} | final length "
               f"{float(rows[-1]['mean_length']):.0f} | dropped "
-              f"{rows[-1]['steps_dropped']} stale {rows[-1]['stale_cuts']}")
+              f"{rows[-1]['steps_dropped']} stale {rows[-1]['stale_cuts']}"
+              + _beside_acting(rows))
         # The best policy needs 100 finished episodes; a shorter run deploys its last one.
         policy = run / "best.safetensors"
         policy = policy if policy.is_file() else run / "latest.safetensors"

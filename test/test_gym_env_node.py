@@ -412,3 +412,24 @@ def test_a_pause_with_no_resume_ends_after_max_pause(harness_factory):
                               timeout=0.5)
     harness.step(np.zeros((2, 1)))
     assert harness.env.status.steps == 2
+
+
+def test_the_status_reports_the_observation_to_action_latency_of_answered_steps(
+        harness_factory):
+    # Re-published only after 2 s of quiet: never within the peer's thinking time here.
+    harness = harness_factory(republish_period=2.0)
+    assert harness.env.status.latency_p50_ms is None
+    harness.step(np.zeros((1, 1)))
+    # The first action answers the initial observation: no sample yet.
+    assert harness.env.status.latency_p50_ms is None
+    for _ in range(3):
+        harness.spin_for(0.05)  # the peer "thinks" 50 ms before it answers
+        harness.step(np.zeros((1, 1)))
+    status = harness.env.status
+    assert 45.0 <= status.latency_p50_ms <= status.latency_p99_ms < 1000.0
+    # An answer held by a pause (an update) is no sample of the acting path.
+    harness.call('pause')
+    harness.spin_for(0.5)
+    harness.call('resume')
+    harness.step(np.zeros((1, 1)))
+    assert harness.env.status.latency_p99_ms < 450.0

@@ -139,7 +139,7 @@ class PPOAgent:
             None, self.sampler.last_mean, self.sampler.last_std)
         self._spare_buffer: RolloutBuffer | None = None
         """The buffer a rollout handed over by ``take_rollout`` was in (made on first use)."""
-        self.model_lock = threading.Lock()
+        self.model_lock = threading.RLock()
         """Held by an update running beside acting (``rl.background_update``), and by the
         control thread's own MLX work on the model meanwhile (checkpoints, bundles)."""
         mx.eval(self.model.parameters())

@@ -12,8 +12,8 @@ policy export are written and read, and the deployable actor.
 
 from __future__ import annotations
 
+import contextlib
 import os
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +45,7 @@ def algorithm_of(agent: Agent) -> str:
     return "sac" if isinstance(agent, SACAgent) else "ppo"
 
 
-def model_lock(agent: Agent) -> threading.Lock:
+def model_lock(agent: Agent) -> contextlib.AbstractContextManager:
     """Held around MLX work on the model from the control thread: a learner thread (the
     off-policy learner's, or PPO's update beside acting) may be computing on it."""
     return agent.model_lock

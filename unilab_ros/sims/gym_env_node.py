@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import json
 import time
+from collections import deque
 from dataclasses import asdict, dataclass
 
+import numpy as np
 from rclpy.node import Node
 from std_msgs.msg import Float32MultiArray, Float64MultiArray, String, UInt8MultiArray
 from std_srvs.srv import Empty
@@ -39,6 +41,8 @@ NODE_NAME = 'gym_env'
 ACTION_MSG_TYPES = {'float32': Float32MultiArray, 'float64': Float64MultiArray}
 REJECT_LOG_PERIOD_S = 2.0
 PAUSED_LOG_PERIOD_S = 10.0
+LATENCY_WINDOW = 1000
+"""Steps whose observation -> action latency the status and the log line summarize."""
 
 
 @dataclass(frozen=True)
@@ -105,6 +109,11 @@ class GymEnvStatus:
     observation_republishes: int
     pause_timeouts: int
     mean_return: float | None
+    latency_p50_ms: float | None = None
+    """Median ms from publishing a step's observation to receiving the action that answers
+    it, over the last LATENCY_WINDOW steps (none held by a pause): the trainer's
+    observation -> action path through ROS as the environment sees it."""
+    latency_p99_ms: float | None = None
 
 
 class GymEnvNode(Node):
@@ -129,6 +138,9 @@ class GymEnvNode(Node):
         self._paused_since = 0.0
         self._max_pause = params.max_pause
         self._logged_episodes = 0
+        self._observed_at: float | None = None
+        """When the latest step's observation went out; None once answered or paused."""
+        self._latencies: deque[float] = deque(maxlen=LATENCY_WINDOW)
 
         self._observation_pub = self.create_publisher(Float32MultiArray, 'observation',
                                                       params.qos_depth)
@@ -156,8 +168,12 @@ class GymEnvNode(Node):
 
     @property
     def status(self) -> GymEnvStatus:
+        p50 = p99 = None
+        if self._latencies:
+            p50, p99 = (float(v) * 1e3 for v in np.percentile(self._latencies, [50, 99]))
         return GymEnvStatus(steps=self._sim.steps, episodes=self._sim.episodes,
-                            mean_return=self._sim.mean_return(), **self._counts)
+                            mean_return=self._sim.mean_return(), latency_p50_ms=p50,
+                            latency_p99_ms=p99, **self._counts)
 
     @property
     def waiting_for_first_action(self) -> bool:
@@ -181,6 +197,8 @@ class GymEnvNode(Node):
             return
         self._observation_pub.publish(self._latest_observation)
         self._counts.add('observation_republishes')
+        # An answer now came after a lost message, not down the usual path: no sample.
+        self._observed_at = None
         self._quiet_since = now
 
     def _on_action(self, msg: Float32MultiArray | Float64MultiArray) -> None:
@@ -190,15 +208,19 @@ class GymEnvNode(Node):
                 f'paused: action dropped, env not stepped ({dropped} so far)',
                 throttle_duration_sec=PAUSED_LOG_PERIOD_S)
             return
+        received = time.perf_counter()
         try:
             actions = read_matrix(msg, self._sim.num_envs, self._sim.action_dim)
         except MessageError as error:
             self._reject(error.reason)
             return
+        if self._observed_at is not None:
+            self._latencies.append(received - self._observed_at)
         result = self._sim.step(actions)
         self._reward_pub.publish(to_float32_msg(result.reward, ('env',)))
         self._done_pub.publish(to_uint8_msg(result.done, ('env',)))
         self._latest_observation = to_float32_msg(result.observation, ('env', 'obs'))
+        self._observed_at = time.perf_counter()
         self._observation_pub.publish(self._latest_observation)
         self._quiet_since = time.monotonic()
 
@@ -214,6 +236,8 @@ class GymEnvNode(Node):
         if not self._paused:
             self._paused_since = time.monotonic()
         self._paused = True
+        # The answer to the latest observation waits for the update: no latency sample.
+        self._observed_at = None
         return response
 
     def _end_a_stale_pause(self) -> None:
@@ -250,9 +274,13 @@ class GymEnvNode(Node):
         if new_episodes == 0:
             return
         self._logged_episodes = status.episodes
+        latency = ('' if status.latency_p50_ms is None else
+                   f'; observation -> action {status.latency_p50_ms:.2f} ms p50, '
+                   f'{status.latency_p99_ms:.2f} ms p99')
         self.get_logger().info(
             f'{status.steps} steps, {status.episodes} episodes; mean return of the last '
-            f'{min(new_episodes, RETURN_WINDOW)}: {self._sim.mean_return(new_episodes):.3f}')
+            f'{min(new_episodes, RETURN_WINDOW)}: {self._sim.mean_return(new_episodes):.3f}'
+            + latency)
 
 
 def main(args: list[str] | None = None) -> None:
