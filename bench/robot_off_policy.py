@@ -2,6 +2,7 @@
 
     python bench/robot_off_policy.py                        # cartpole, seeds 0-2, 10 min
     python bench/robot_off_policy.py --seeds 0 --minutes 3 --off-seconds 30
+    python bench/robot_off_policy.py --minutes 9 --kill-after 300   # SIGKILL, restart
 
 Per seed, two runs of the MuJoCo robot node at ``--real-time-factor`` (1: a real robot's
 pace) beside the trainer with the shipped off-policy file
@@ -22,6 +23,12 @@ the achieved update-to-data ratio and the policy lag. For the cart-pole, "balanc
 first wall time at which an episode ended 950 or more env steps after the one before it
 (its time limit is 1,000; episode ends are known to the iteration, 50 steps).
 
+``--kill-after S``: S seconds into the learning run the trainer is SIGKILLed (no goodbye,
+no save) and started again in the same folder, the robot running on meanwhile: it resumes
+from its latest checkpoint with the replay saved beside it, and the line after the curve
+compares the mean return at the start, just before the kill and over the first iterations
+the restarted trainer adds.
+
 Prints the CPU model; the last line is ``robot_off_policy <robot> balanced_s_max=<x>
 jitter_p99_on_ms=<median over seeds> jitter_p99_off_ms=<...>`` (the command intervals').
 """
@@ -39,6 +46,7 @@ from pathlib import Path
 from rclpy.node import Node
 from std_msgs.msg import Float64MultiArray, String
 
+from unilab_ros.rl.checkpoint import Checkpoint
 from unilab_ros.tools.sim_train import isolated_ros_env, stop
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -79,27 +87,38 @@ def _robot_status(sample: dict) -> dict:
 
 
 def run(robot: str, seed: int, seconds: float, rtf: float, out: Path, domain: int,
-        learning: bool) -> dict:
-    """One run of ``seconds``; the status samples and metrics rows with their wall times."""
+        learning: bool, kill_after: float = 0.0) -> dict:
+    """One run of ``seconds``; the status samples and metrics rows with their wall times.
+    ``kill_after`` (> 0): SIGKILL the trainer then, and start it again in the same folder
+    (it resumes from its latest checkpoint and replay); the robot runs on meanwhile."""
     env = isolated_ros_env(domain)
     out.mkdir(parents=True, exist_ok=True)
     sim = start_robot(robot, rtf, seed, env, out / "robot.log")
     overrides = {"seed": str(seed), "checkpoint_dir": str(out), "tensorboard": "false",
                  "max_iterations": "0", "learn_while_acting": "true",
                  "training": "true" if learning else "false"}
-    trainer = _start("unilab_ros.trainer", ROOT / "config" / "robot_train" /
-                     f"{robot}_sac.yaml", overrides, env, out / "trainer.log")
+    params = ROOT / "config" / "robot_train" / f"{robot}_sac.yaml"
+    trainer = _start("unilab_ros.trainer", params, overrides, env, out / "trainer.log")
     began = time.monotonic()
     rows: list[tuple[float, dict]] = []
+    restart: dict = {}
     try:
         with listening(env, _StatusReader) as (reader, executor):
             while time.monotonic() - began < seconds and trainer.poll() is None:
                 executor.spin_once(timeout_sec=0.5)
                 rows = _new_rows(out / "metrics.csv", rows, time.monotonic() - began)
+                if kill_after and not restart and time.monotonic() - began > kill_after:
+                    trainer.kill()
+                    trainer.wait()
+                    restart = {"wall": time.monotonic() - began,
+                               "iteration": int(rows[-1][1]["iteration"]) if rows else 0,
+                               "checkpoint": Checkpoint(out / "latest.safetensors").iteration}
+                    trainer = _start("unilab_ros.trainer", params, overrides, env,
+                                     out / "trainer_restarted.log")
     finally:
         stop(trainer)
         stop(sim)
-    return {"samples": reader.samples, "rows": rows,
+    return {"samples": reader.samples, "rows": rows, "restart": restart,
             "intervals": command_intervals(reader.command_times, began + WARM_UP_S)}
 
 
@@ -121,11 +140,14 @@ def interval_jitter_p99(intervals: list[float], period: float) -> float:
 
 def _new_rows(path: Path, rows: list[tuple[float, dict]], wall: float
               ) -> list[tuple[float, dict]]:
+    """``rows`` and the iterations past the last of them. A restarted trainer cuts the rows
+    past its checkpoint and learns those iterations again: the first run's rows stand."""
     if not path.is_file():
         return rows
     with path.open() as handle:
         found = list(csv.DictReader(handle))
-    return rows + [(wall, row) for row in found[len(rows):]]
+    last = int(rows[-1][1]["iteration"]) if rows else 0
+    return rows + [(wall, row) for row in found if int(row["iteration"]) > last]
 
 
 def balanced_at(rows: list[tuple[float, dict]]) -> float | None:
@@ -165,7 +187,27 @@ def summarize(robot: str, seed: int, on: dict, off: dict) -> dict:
         "owed": float(learned[-1]["updates_owed"]) if learned else float("nan"),
         "curve": [(round(wall), row.get("env_steps"), row.get("mean_return"),
                    row.get("mean_length")) for wall, row in on["rows"]][::10],
+        "restart": restarted(on),
     }
+
+
+def restarted(on: dict) -> str:
+    """What the kill and restart did to the curve: the mean return at the start, just
+    before the kill, and over the first iterations the restarted trainer added."""
+    restart = on.get("restart")
+    if not restart:
+        return ""
+    rows = [(wall, row) for wall, row in on["rows"] if row.get("mean_return") not in ("", None)]
+    before = [float(row["mean_return"]) for wall, row in rows if wall <= restart["wall"]]
+    after = [(wall, float(row["mean_return"])) for wall, row in rows
+             if wall > restart["wall"]][:5]
+    if not before or not after:
+        return f"killed at {restart['wall']:.0f} s; too few iterations around it to compare"
+    return (f"SIGKILL at {restart['wall']:.0f} s (iteration {restart['iteration']}, latest "
+            f"checkpoint {restart['checkpoint']}); mean return at the start {before[0]:.2f}, "
+            f"before the kill {before[-1]:.2f}, the restarted trainer's first iterations "
+            f"(from {after[0][0] - restart['wall']:.0f} s after the kill) "
+            + " ".join(f"{value:.2f}" for _, value in after))
 
 
 def main() -> None:
@@ -175,6 +217,9 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--off-seconds", type=float, default=60.0)
     parser.add_argument("--real-time-factor", type=float, default=1.0)
+    parser.add_argument("--kill-after", type=float, default=0.0,
+                        help="SIGKILL the learning trainer after this many seconds and "
+                             "start it again in its folder (0: never)")
     parser.add_argument("--out", type=Path, default=Path("/tmp/robot_off_policy"))
     parser.add_argument("--results-page", action="store_true", help=FLAG_HELP)
     args = parser.parse_args()
@@ -192,7 +237,7 @@ def _bench(args: argparse.Namespace) -> None:
         off = run(args.robot, seed, args.off_seconds, args.real_time_factor, base / "off",
                   60 + seed, learning=False)
         on = run(args.robot, seed, 60 * args.minutes, args.real_time_factor, base / "on",
-                 70 + seed, learning=True)
+                 70 + seed, learning=True, kill_after=args.kill_after)
         row = summarize(args.robot, seed, on, off)
         results.append(row)
         balanced = "not within the run" if row["balanced_s"] is None else \
@@ -207,6 +252,8 @@ def _bench(args: argparse.Namespace) -> None:
               f"end {row['owed']:.0f}")
         print("  (wall s, env steps, mean return, mean length) every 10th iteration: "
               + " ".join(str(point) for point in row["curve"]))
+        if row["restart"]:
+            print(f"  {row['restart']}")
     times = [r["balanced_s"] for r in results]
     worst = max(times) if times and None not in times else float("nan")
     print(f"robot_off_policy {args.robot} balanced_s_max={worst:.0f} "

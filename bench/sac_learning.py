@@ -108,13 +108,21 @@ def run_ours(robot: str, seed: int, steps: int) -> dict:
 
 def run_sb3(robot: str, seed: int, steps: int) -> dict:
     import gymnasium as gym
-    from stable_baselines3 import SAC
-    from stable_baselines3.common.callbacks import BaseCallback
 
     import unilab_ros.sims.spec_env  # noqa: F401 - registers the envs
 
-    cfg = sac_settings(robot)
-    env = gym.make(f"unilab_ros.sims.spec_env:UnilabRobot-{robot}-v0")
+    return run_sb3_on(gym.make(f"unilab_ros.sims.spec_env:UnilabRobot-{robot}-v0"), seed,
+                      steps, sac_settings(robot))
+
+
+def run_sb3_on(env, seed: int, steps: int, cfg: dict) -> dict:  # noqa: ANN001 - gym.Env
+    """Stable-Baselines3's SAC on ``env`` with the settings of our ``sac`` section ``cfg``
+    (widths, batch, learning rate, discount, Polyak rate, buffer, random warm-up and
+    update-to-data ratio as ``gradient_steps`` per env step): its episodes, wall time and
+    the median seconds of a gradient step (its whole train() call per step)."""
+    from stable_baselines3 import SAC
+    from stable_baselines3.common.callbacks import BaseCallback
+
     log, train_times = EpisodeLog(), []
 
     class Record(BaseCallback):
