@@ -62,8 +62,8 @@ locomotion tasks, 300k for the others): docs/results.md, general_config, commit 
 TIMED_STEPS = 200
 LOG_PERIOD_S = 2.0
 BRIDGE_LINE = re.compile(r"(\d+) steps, \d+ episodes; mean return of the last (\d+): "
-                         r"(-?[\d.]+)(?:; observation -> action ([\d.]+) ms p50, "
-                         r"([\d.]+) ms p99)?")
+                         r"(-?[\d.]+)")
+LATENCY = re.compile(r"observation -> action ([\d.]+) ms p50, ([\d.]+) ms p99")
 
 
 def sac_section(params_file: Path) -> tuple[dict, dict]:
@@ -179,12 +179,12 @@ def ros_run(params_file: Path, seed: int, steps: int, out: Path, domain: int,
     if done.returncode != 0 or not metrics.is_file():
         raise RuntimeError(f"{params_file.name} seed {seed} through ROS failed "
                            f"(exit {done.returncode}): {log.read_text()[-1500:]}")
-    ends, latency = [], (math.nan, math.nan)
-    for match in BRIDGE_LINE.finditer(log.read_text(errors="replace")):
-        env_steps, count, mean = int(match[1]) * num_envs, int(match[2]), float(match[3])
-        ends.append((env_steps, mean, count))
-        if match[4]:
-            latency = (float(match[4]), float(match[5]))
+    text = log.read_text(errors="replace")
+    ends = [(int(match[1]) * num_envs, float(match[3]), int(match[2]))
+            for match in BRIDGE_LINE.finditer(text)]
+    latencies = LATENCY.findall(text)
+    latency = (tuple(float(v) for v in latencies[-1]) if latencies
+               else (math.nan, math.nan))
     rates = read_metrics(metrics).get("steps_per_s", [])
     return {"ends": ends, "wall": wall, "latency": latency,
             "steps_per_s": float(np.median(rates[1:] or rates)) if rates else math.nan}

@@ -433,3 +433,21 @@ def test_the_status_reports_the_observation_to_action_latency_of_answered_steps(
     harness.call('resume')
     harness.step(np.zeros((1, 1)))
     assert harness.env.status.latency_p99_ms < 450.0
+
+
+def test_the_latency_is_logged_while_no_episode_ends(harness_factory, monkeypatch):
+    """A 1,000-step episode ends rarely: the log line still gives the latency."""
+    harness = harness_factory(republish_period=2.0)
+    lines: list[str] = []
+    monkeypatch.setattr(harness.env, 'get_logger',
+                        lambda: type('Logger', (), {'info': staticmethod(lines.append)})())
+    harness.env._report()
+    assert lines == []  # nothing answered yet: nothing to say
+    for _ in range(3):
+        harness.spin_for(0.02)
+        harness.step(np.zeros((1, 1)))
+    assert harness.env.status.episodes == 0
+    harness.env._report()
+    harness.env._report()  # no new step since: no second line
+    assert len(lines) == 1 and lines[0].startswith('3 steps, no episode ended; ')
+    assert 'ms p50' in lines[0] and 'ms p99' in lines[0]

@@ -138,6 +138,7 @@ class GymEnvNode(Node):
         self._paused_since = 0.0
         self._max_pause = params.max_pause
         self._logged_episodes = 0
+        self._logged_steps = 0
         self._observed_at: float | None = None
         """When the latest step's observation went out; None once answered or paused."""
         self._latencies: deque[float] = deque(maxlen=LATENCY_WINDOW)
@@ -271,12 +272,16 @@ class GymEnvNode(Node):
         self._status_pub.publish(
             String(data=json.dumps({**asdict(status), 'paused': self._paused})))
         new_episodes = status.episodes - self._logged_episodes
-        if new_episodes == 0:
-            return
-        self._logged_episodes = status.episodes
         latency = ('' if status.latency_p50_ms is None else
                    f'; observation -> action {status.latency_p50_ms:.2f} ms p50, '
                    f'{status.latency_p99_ms:.2f} ms p99')
+        if new_episodes == 0:
+            # Long episodes (1,000 steps) end rarely: the latency is still worth a line.
+            if latency and status.steps != self._logged_steps:
+                self._logged_steps = status.steps
+                self.get_logger().info(f'{status.steps} steps, no episode ended' + latency)
+            return
+        self._logged_episodes, self._logged_steps = status.episodes, status.steps
         self.get_logger().info(
             f'{status.steps} steps, {status.episodes} episodes; mean return of the last '
             f'{min(new_episodes, RETURN_WINDOW)}: {self._sim.mean_return(new_episodes):.3f}'
