@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from unilab_ros.loop.decisions import BeginUpdate, IterationDone, PublishAction
 from unilab_ros.loop.training_loop import TrainingLoop
 from unilab_ros.sims.gym_vector import GymVectorSim
 
 
-def run_paced(loop: TrainingLoop, sim: GymVectorSim, seconds: float, pace: float
-              ) -> tuple[list[dict], int]:
+def run_paced(loop: TrainingLoop, sim: GymVectorSim, seconds: float, pace: float,
+              gate: Callable[[], bool] | None = None) -> tuple[list[dict], int]:
     """Step ``sim`` as ``loop`` decides, sleeping ``pace`` seconds before each step (the
-    time a learner beside acting gets between two), until the loop stops acting or
-    ``seconds`` pass; the metrics of each IterationDone, and the BeginUpdates seen."""
+    time a learner beside acting gets between two), and longer while ``gate`` says no,
+    until the loop stops acting or ``seconds`` pass; the metrics of each IterationDone,
+    and the BeginUpdates seen."""
     reports, paused, stamp = [], 0, 0
     decisions = loop.on_observation(0, sim.reset(), stamp, 0.0, 0.0)
     deadline = time.monotonic() + seconds
@@ -24,6 +26,8 @@ def run_paced(loop: TrainingLoop, sim: GymVectorSim, seconds: float, pace: float
         if not actions:
             break
         time.sleep(pace)
+        while gate is not None and not gate() and time.monotonic() < deadline:
+            time.sleep(pace)
         step = sim.step(actions[0].command)
         stamp += 1
         loop.on_reward(0, step.reward, stamp, 0.0)
