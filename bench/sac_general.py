@@ -156,7 +156,7 @@ def in_child(kind: str, params_file: Path, env_id: str = "", seed: int = 0,
 
 
 def ros_run(params_file: Path, seed: int, steps: int, out: Path, domain: int,
-            threads: int | None = None) -> dict:
+            threads: int) -> dict:
     """One run of sim_train; the episode means of the bridge's log lines (env steps at the
     line, episodes, mean), the last latency figures and the trainer's env steps/s."""
     from unilab_ros.trainer.metrics_log import read_metrics
