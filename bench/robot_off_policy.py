@@ -10,8 +10,9 @@ pace) beside the trainer with the shipped off-policy file
 
 - learning off (``training: false``) for ``--off-seconds``: the control loop acting alone,
   the floor of its period jitter on this machine at this moment;
-- learning on, ``learn_while_acting: true``, for ``--minutes`` of wall time: the learner on
-  its own thread, the robot never paused and never held for an update.
+- learning on, ``learn_while_acting: true``, for ``--minutes`` of wall time: the learner in
+  a process of its own at the lowest CPU priority (``--learner thread``: on a thread of the
+  trainer), the robot never paused and never held for an update.
 
 At the robot's command topic: the wall time of every command, so the p99 of |interval -
 control period| (the robot's resets left out) is what a controller sees of the loop,
@@ -87,7 +88,7 @@ def _robot_status(sample: dict) -> dict:
 
 
 def run(robot: str, seed: int, seconds: float, rtf: float, out: Path, domain: int,
-        learning: bool, kill_after: float = 0.0) -> dict:
+        learning: bool, kill_after: float = 0.0, learner_process: bool = False) -> dict:
     """One run of ``seconds``; the status samples and metrics rows with their wall times.
     ``kill_after`` (> 0): SIGKILL the trainer then, and start it again in the same folder
     (it resumes from its latest checkpoint and replay); the robot runs on meanwhile."""
@@ -96,7 +97,8 @@ def run(robot: str, seed: int, seconds: float, rtf: float, out: Path, domain: in
     sim = start_robot(robot, rtf, seed, env, out / "robot.log")
     overrides = {"seed": str(seed), "checkpoint_dir": str(out), "tensorboard": "false",
                  "max_iterations": "0", "learn_while_acting": "true",
-                 "training": "true" if learning else "false"}
+                 "training": "true" if learning else "false",
+                 "learner_process": "true" if learner_process else "false"}
     params = ROOT / "config" / "robot_train" / f"{robot}_sac.yaml"
     trainer = _start("unilab_ros.trainer", params, overrides, env, out / "trainer.log")
     began = time.monotonic()
@@ -220,6 +222,8 @@ def main() -> None:
     parser.add_argument("--kill-after", type=float, default=0.0,
                         help="SIGKILL the learning trainer after this many seconds and "
                              "start it again in its folder (0: never)")
+    parser.add_argument("--learner", choices=("process", "thread"), default="process",
+                        help="where the learner runs beside acting (learner_process)")
     parser.add_argument("--out", type=Path, default=Path("/tmp/robot_off_policy"))
     parser.add_argument("--results-page", action="store_true", help=FLAG_HELP)
     args = parser.parse_args()
@@ -229,15 +233,16 @@ def main() -> None:
 
 def _bench(args: argparse.Namespace) -> None:
     print(f"CPU: {cpu_model()}; {args.robot} at real_time_factor {args.real_time_factor}, "
-          f"learning while acting for {args.minutes:g} min per seed, acting alone for "
-          f"{args.off_seconds:g} s")
+          f"learning while acting (the learner in a {args.learner}) for {args.minutes:g} min "
+          f"per seed, acting alone for {args.off_seconds:g} s")
     results = []
     for seed in args.seeds:
         base = args.out / f"seed{seed}"
         off = run(args.robot, seed, args.off_seconds, args.real_time_factor, base / "off",
                   60 + seed, learning=False)
         on = run(args.robot, seed, 60 * args.minutes, args.real_time_factor, base / "on",
-                 70 + seed, learning=True, kill_after=args.kill_after)
+                 70 + seed, learning=True, kill_after=args.kill_after,
+                 learner_process=args.learner == "process")
         row = summarize(args.robot, seed, on, off)
         results.append(row)
         balanced = "not within the run" if row["balanced_s"] is None else \

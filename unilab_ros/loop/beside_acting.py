@@ -16,6 +16,7 @@ from unilab_ros.rl.algorithm import Agent, Collector, model_lock
 from unilab_ros.rl.background_learner import BackgroundLearner
 from unilab_ros.rl.background_update import BackgroundUpdate
 from unilab_ros.rl.checkpoint import all_finite
+from unilab_ros.rl.learner_process import LearnerProcess
 
 
 class BesideActing:
@@ -29,7 +30,7 @@ class BesideActing:
     robots: list[Robot]
     phase: Phase
     counters: Counters
-    learner: BackgroundLearner | BackgroundUpdate | None
+    learner: BackgroundLearner | BackgroundUpdate | LearnerProcess | None
     updates_run: int
     _good_parameters: dict
     _stale_steps: int

@@ -33,6 +33,9 @@ class LoopConfig:
     on its own and every num_steps env steps per env only close an iteration (metrics,
     checkpoints, the best policy); PPO updates on rollout k while rollout k+1 is
     collected, acting meanwhile with the policy the update started from."""
+    learner_process: bool = False
+    """With learn_while_acting and algorithm sac: the learner runs in a process of its own at
+    the lowest CPU priority (``rl.learner_process``) instead of a thread of the trainer."""
 
     def validate(self) -> None:
         if self.step_timeout <= 0.0 or self.episode_end_timeout <= 0.0:
@@ -42,5 +45,8 @@ class LoopConfig:
         if self.learn_while_acting and self.update_trigger != "rollout_full":
             raise ValueError("learn_while_acting never waits for an episode's end "
                              "(update_trigger: rollout_full)")
+        if self.learner_process and not self.learn_while_acting:
+            raise ValueError("learner_process is where the learner runs beside acting: it "
+                             "needs learn_while_acting: true")
         if self.checkpoint_interval < 0 or self.max_iterations < 0:
             raise ValueError("checkpoint_interval and max_iterations must be >= 0")

@@ -107,7 +107,8 @@ class TrainingLoop(RobotChecks, BesideActing):
             # Each robot stood at the safe action before its first command: blend in.
             robot.guard.hold()
         self.lanes = collector(agent)
-        self.learner = learn_beside_acting(agent) if cfg.learn_while_acting else None
+        self.learner = (learn_beside_acting(agent, cfg.learner_process)
+                        if cfg.learn_while_acting else None)
         """The learner thread while learning runs beside acting."""
         self._stale_steps = 0
         """PPO beside acting: steps of the rollout being collected that were acted on

@@ -32,6 +32,7 @@ from unilab_ros.rl.checkpoint import (
     save_checkpoint,
 )
 from unilab_ros.rl.lanes import LaneRollout
+from unilab_ros.rl.learner_process import LearnerProcess
 from unilab_ros.rl.sac_agent import ReplayCollector, SACAgent
 from unilab_ros.rl.sac_bundle import bundle_from_sac
 from unilab_ros.rl.sac_checkpoint import restore_sac, save_sac_checkpoint
@@ -47,15 +48,19 @@ def algorithm_of(agent: Agent) -> str:
 
 def model_lock(agent: Agent) -> contextlib.AbstractContextManager:
     """Held around MLX work on the model from the control thread: a learner thread (the
-    off-policy learner's, or PPO's update beside acting) may be computing on it."""
+    off-policy learner's, or PPO's update beside acting) may be computing on it. A learner
+    process's state is brought into the agent first (``LearnerProcess.sync``)."""
+    if isinstance(agent, SACAgent) and agent.remote is not None:
+        agent.remote.sync()
     return agent.model_lock
 
 
-def learn_beside_acting(agent: Agent) -> BackgroundLearner | BackgroundUpdate:
-    """What learns beside acting: the off-policy learner's thread (started), or PPO's
-    update of each full rollout while the next is collected."""
+def learn_beside_acting(agent: Agent, in_process: bool = False
+                        ) -> BackgroundLearner | BackgroundUpdate | LearnerProcess:
+    """What learns beside acting: the off-policy learner's thread or (``in_process``)
+    process, started; or PPO's update of each full rollout while the next is collected."""
     if isinstance(agent, SACAgent):
-        return BackgroundLearner(agent).start()
+        return (LearnerProcess(agent) if in_process else BackgroundLearner(agent)).start()
     return BackgroundUpdate(agent)
 
 

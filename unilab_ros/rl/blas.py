@@ -94,3 +94,15 @@ def blas_description() -> str:
         why = f": {kernel_choice.reason}" if kernel_choice is not None else ""
         return f"OpenBLAS ({loaded_blas}, {core_name} kernels{why})"
     return "MLX's bundled reference BLAS (slow: install libopenblas0-pthread)"
+
+
+def set_blas_threads(count: int) -> bool:
+    """Let the loaded OpenBLAS use ``count`` threads in this process from now on; False
+    when no BLAS with that call was loaded (macOS's Accelerate, MLX's own)."""
+    if not loaded_blas:
+        return False
+    lib = ctypes.CDLL(loaded_blas)
+    if not hasattr(lib, "openblas_set_num_threads"):
+        return False
+    lib.openblas_set_num_threads(int(count))
+    return True

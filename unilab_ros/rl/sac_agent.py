@@ -19,6 +19,7 @@ from typing import Any
 
 import mlx.core as mx
 import numpy as np
+from mlx.utils import tree_flatten
 
 from unilab_ros.rl.agent import AgentConfig, StepOfEnvs
 from unilab_ros.rl.policy import _NUMPY_ACTIVATIONS
@@ -31,19 +32,35 @@ METRICS = ("critic_loss", "actor_loss", "alpha_loss", "entropy_coef", "entropy")
 
 
 class _NumpyActor:
-    """The actor's arrays in numpy: squashed mean or sampled actions for a few rows."""
+    """The actor's arrays in numpy: squashed mean or sampled actions for a few rows. Plain
+    arrays and names, so a learner process can send one (``of`` builds it from a model)."""
 
-    def __init__(self, model: SACModel) -> None:
+    def __init__(self, layers: list[tuple[np.ndarray, np.ndarray]],
+                 normalization: tuple[np.ndarray, np.ndarray, np.float32] | None,
+                 activation: str, log_std_bounds: tuple[float, float]) -> None:
+        self.layers = layers
+        self.normalization = normalization
+        self.activation_name = activation
+        self.activation = _NUMPY_ACTIVATIONS[activation]
+        self.log_std_bounds = log_std_bounds
+
+    @classmethod
+    def of(cls, model: SACModel) -> _NumpyActor:
         normalizer = model.normalizer
-        self.normalization = None
+        normalization = None
         if model.cfg.normalize_observations:
             scale = 1.0 / np.sqrt(np.array(normalizer.var) + np.float32(normalizer.epsilon))
-            self.normalization = (np.array(normalizer.mean), scale.astype(np.float32),
-                                  np.float32(normalizer.clip))
-        self.layers = [(np.ascontiguousarray(np.array(layer.weight).T), np.array(layer.bias))
-                       for layer in model.actor.layers]
-        self.activation = _NUMPY_ACTIVATIONS[model.cfg.activation]
-        self.log_std_bounds = (model.cfg.log_std_min, model.cfg.log_std_max)
+            normalization = (np.array(normalizer.mean), scale.astype(np.float32),
+                             np.float32(normalizer.clip))
+        layers = [(np.ascontiguousarray(np.array(layer.weight).T), np.array(layer.bias))
+                  for layer in model.actor.layers]
+        return cls(layers, normalization, model.cfg.activation,
+                   (model.cfg.log_std_min, model.cfg.log_std_max))
+
+    def __reduce__(self) -> tuple:
+        # The activation is a lambda: it travels by name.
+        return (type(self), (self.layers, self.normalization, self.activation_name,
+                             self.log_std_bounds))
 
     def __call__(self, obs: np.ndarray, rng: np.random.Generator | None) -> np.ndarray:
         x = obs
@@ -89,7 +106,7 @@ class SACAgent:
         self.half_range = (np.asarray(high, np.float32).reshape(action_dim) - self.low) / 2
         self._act_rng = np.random.default_rng(seed + 2)
         self._batch_rng = np.random.default_rng(seed + 3)
-        self._actor = _NumpyActor(self.model)
+        self._actor = _NumpyActor.of(self.model)
         self.iteration = 0
         """Learning phases run (``update`` calls; the first ones, before ``learning_starts``,
         take no gradient step), so ``iteration x num_envs x num_steps`` env steps were
@@ -112,7 +129,11 @@ class SACAgent:
         """The model's latest parameters after a learning call whose steps were all finite
         (MLX arrays are immutable: references), for a loop that must restore them."""
         self.background: Any = None
-        """The learner thread (``background_learner``) while learning runs beside acting."""
+        """The learner thread (``background_learner``) or process (``learner_process``)
+        while learning runs beside acting."""
+        self.remote: Any = None
+        """The learner process, while one learns for this agent: every recorded step and cut
+        goes to its replay too, and acting takes the actors it sends back."""
 
     @property
     def learning(self) -> bool:
@@ -122,6 +143,8 @@ class SACAgent:
     def act(self, obs: np.ndarray, deterministic: bool = False) -> np.ndarray:
         """Actions (rows, action_dim) in policy units for raw observations."""
         obs = np.asarray(obs, np.float32).reshape(-1, self.obs_dim)
+        if self.remote is not None:
+            self.remote.receive()
         if not deterministic and not self.learning:
             squashed = self._act_rng.uniform(-1.0, 1.0, (len(obs), self.action_dim))
         else:
@@ -140,19 +163,30 @@ class SACAgent:
         ``next_obs``); the observation statistics follow the states seen (replay keeps them
         raw)."""
         obs = np.asarray(obs, np.float32).reshape(-1, self.obs_dim)
+        rewards_in = rewards
         rewards = np.asarray(rewards, np.float32) * self.cfg.reward_scale
         squashed = self.squash(actions).reshape(len(obs), -1)
         # numpy only: the control thread never computes in MLX (the learner merges the
         # observations into the normalizer before its next step).
         with self._replay_lock:
             self.replay.add(obs, squashed, rewards, dones, envs, next_obs)
-            if self.sac_cfg.normalize_observations:
+            if self.remote is not None:
+                # Its own replay and normalizer take the step as this one did.
+                self.remote.send_step(obs, actions, rewards_in, dones, envs, next_obs)
+            elif self.sac_cfg.normalize_observations:
                 self._unmerged_obs.append(obs)
             # Steps past learning_starts each owe utd_ratio gradient steps.
             start = self.sac_cfg.learning_starts
             past_start = self.env_steps + len(obs) - max(self.env_steps, start)
             self.env_steps += len(obs)
             self.updates_owed += max(past_start, 0) * self.sac_cfg.utd_ratio
+
+    def cut(self, envs: np.ndarray) -> None:
+        """The streams of ``envs`` broke (see ``ReplayBuffer.cut``)."""
+        with self._replay_lock:
+            self.replay.cut(envs)
+            if self.remote is not None:
+                self.remote.send_cut(envs)
 
     @property
     def ready(self) -> bool:
@@ -205,10 +239,38 @@ class SACAgent:
         result.update(gradient_steps=float(done), learn_time=time.perf_counter() - start)
         return result
 
+    def learner_state(self) -> tuple[dict, list[dict], dict[str, float]]:
+        """What learning changes, in numpy: the model's arrays and the Adam states (flat,
+        by name) and the counters ``load_learner_state`` takes."""
+        self._merge_observations()
+        model = {k: np.array(v) for k, v in tree_flatten(self.model.parameters())}
+        optimizers = [{k: np.array(v) for k, v in tree_flatten(o.state)}
+                      for o in self.learner.optimizers]
+        counters = {"updates_owed": self.updates_owed, "nonfinite_steps": self.nonfinite_steps,
+                    "gradient_steps": self.learner.steps}
+        return model, optimizers, counters
+
+    def load_learner_state(self, model: dict, optimizer_states: list[dict],
+                           counters: dict[str, float]) -> None:
+        """Take a learner's state (a checkpoint's, or the learner process's): the model's
+        arrays and the Adam states as trees of MLX arrays, and the counters; acting
+        switches to its actor."""
+        self.model.update(model)
+        # In place: the compiled step holds these very dicts as its state.
+        for optimizer, state in zip(self.learner.optimizers, optimizer_states, strict=True):
+            optimizer.state.update(state)
+        self.updates_owed = float(counters["updates_owed"])
+        self.nonfinite_steps = int(counters["nonfinite_steps"])
+        self.learner.steps = int(counters["gradient_steps"])
+        mx.random.seed(self.cfg.seed + 1 + self.learner.steps)
+        self.refresh_actor()
+        mx.eval(self.learner.arrays())
+        self.good_parameters = self.model.parameters()
+
     def refresh_actor(self) -> None:
         """Act with the model's current actor (after a learning step or a load): a new numpy
         copy, swapped in whole, so acting never sees half of one."""
-        self._actor = _NumpyActor(self.model)
+        self._actor = _NumpyActor.of(self.model)
         self.actor_steps = self.learner.steps
 
     def act_rng_state(self) -> dict:
@@ -260,7 +322,7 @@ class ReplayCollector:
 
     def cut(self, envs: np.ndarray) -> None:
         """The streams of ``envs`` broke: nothing waits in replay for their next state."""
-        self.agent.replay.cut(envs)
+        self.agent.cut(envs)
 
     def clear(self) -> None:
         """After a learning phase: count the next chunk."""

@@ -138,18 +138,9 @@ def restore_sac(agent: SACAgent, checkpoint: Checkpoint, with_replay: bool = Tru
         counters, rng = json.loads(meta["counters"]), json.loads(meta["rng"])
     except (ValueError, KeyError) as error:
         raise CheckpointError(f"{path}: {error}") from None
-    agent.model.update(model)
-    # In place: the compiled step holds these very dicts as its state.
-    for optimizer, state in zip(agent.learner.optimizers, states, strict=True):
-        optimizer.state.update(state)
     agent.set_rng_states(rng["act"], rng["batch"])
     agent.iteration, agent.env_steps = checkpoint.iteration, checkpoint.env_steps
-    agent.updates_owed = float(counters["updates_owed"])
-    agent.nonfinite_steps = int(counters["nonfinite_steps"])
-    agent.learner.steps = int(counters["gradient_steps"])
-    mx.random.seed(agent.cfg.seed + 1 + agent.learner.steps)
-    agent.refresh_actor()
-    mx.eval(agent.learner.arrays())
+    agent.load_learner_state(model, states, counters)
     replay = replay_path(path)
     if with_replay and replay.is_file():
         load_replay(replay, agent)

@@ -2,4 +2,6 @@
 
 from unilab_ros.trainer.node import main
 
-main()
+# Guarded: a learner process (``rl.learner_process``, spawned) imports this module again.
+if __name__ == "__main__":
+    main()

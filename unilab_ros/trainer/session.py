@@ -120,6 +120,9 @@ def build_session(cfg: SessionConfig, best: BestPolicy | None = None) -> Session
         )
     if cfg.algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm '{cfg.algorithm}' unknown; choose one of {ALGORITHMS}")
+    if cfg.algorithm == "ppo" and cfg.loop.learner_process:
+        raise ValueError("learner_process runs the off-policy learner (algorithm: sac) in a "
+                         "process; PPO's update beside acting runs on a thread")
     if cfg.algorithm == "sac" and cfg.fine_tune.init_from:
         raise ValueError("finetune.init_from starts PPO from a policy; the off-policy learner "
                          "starts fresh or resumes (resume_from)")
