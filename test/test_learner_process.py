@@ -206,8 +206,14 @@ def test_every_thread_of_the_learner_process_runs_at_the_lowest_priority():
         pid = learner._process.pid
         threads = os.listdir(f"/proc/{pid}/task")
         assert threads and all(os.getpriority(os.PRIO_PROCESS, int(t)) == 19 for t in threads)
+        # A terminal's Ctrl-C reaches the process group: the trainer ends it, with its state.
+        os.kill(pid, signal.SIGINT)
+        _fill(agent, 20)
+        _wait_for_steps(learner, 80)
+        assert learner.running
     finally:
         learner.stop()
+    assert learner.error is None and agent.learner.steps >= 80
 
 
 def test_learner_process_needs_the_off_policy_learner_beside_acting():

@@ -27,6 +27,7 @@ import logging
 import multiprocessing as mp
 import os
 import queue
+import signal
 import threading
 import time
 from dataclasses import dataclass
@@ -289,6 +290,9 @@ def _lower_priority(nice: int) -> None:
 
 def _serve(setup: _Setup, inbox: Connection, outbox: Connection, want: Any) -> None:
     """The learner process: continue the agent's learning from ``setup``, fed by ``inbox``."""
+    # A terminal's Ctrl-C reaches the whole process group: the trainer ends this process
+    # (after taking its state for the last checkpoint), not the signal.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     _lower_priority(setup.nice)
     set_blas_threads(1)
     sent: queue.SimpleQueue = queue.SimpleQueue()
