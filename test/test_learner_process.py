@@ -124,15 +124,21 @@ def test_the_loop_learns_beside_acting_with_the_process_and_never_pauses():
     assert isinstance(loop.learner, LearnerProcess) and agent.remote is loop.learner
     sim = GymVectorSim(setup.env_id, setup.agent.num_envs, 0, 0)
     before = _parameters(agent)
+    learner = loop.learner
+
+    def first_step_taken() -> bool:
+        # The robot waits (bounded) for the process's first, compiling step only; acting
+        # takes its actors, so the gate looks for one itself.
+        learner.receive()
+        return agent.env_steps < 2 * SMALL.learning_starts or agent.actor_steps > 0
+
     try:
-        reports, paused = run_paced(
-            loop, sim, 120.0, 0.005,
-            gate=lambda: agent.env_steps < 2 * SMALL.learning_starts or agent.actor_steps > 0)
+        reports, paused = run_paced(loop, sim, 120.0, 0.005, gate=first_step_taken)
     finally:
         loop.close()
         sim.close()
     assert paused == 0 and len(reports) == 12
-    assert not loop.learner.running and agent.remote is None
+    assert not learner.running and agent.remote is None
     learned = [m for m in reports if m["gradient_steps"] > 0]
     assert learned, reports
     assert all(m["utd_achieved"] > 0 and np.isfinite(m["critic_loss"]) for m in learned)
