@@ -227,7 +227,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("/tmp/robot_off_policy"))
     parser.add_argument("--results-page", action="store_true", help=FLAG_HELP)
     args = parser.parse_args()
-    with recording(f"robot_off_policy:{args.robot}", args.results_page):
+    # The thread's runs keep the section they were recorded under.
+    suffix = "_learner_process" if args.learner == "process" else ""
+    with recording(f"robot_off_policy:{args.robot}{suffix}", args.results_page):
         _bench(args)
 
 

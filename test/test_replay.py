@@ -3,6 +3,8 @@ has not arrived, stays bounded, and survives a save and load."""
 
 from __future__ import annotations
 
+import pickle
+
 import numpy as np
 import pytest
 
@@ -104,3 +106,22 @@ def test_a_caller_that_pairs_steps_completes_running_transitions_at_once():
     stored = rows(buffer)
     # The failed env's next observation (its new episode's first) is not its next state.
     assert stored[(0, 0)] == ((9, 0), 0.0, True) and stored[(0, 1)] == ((0, 1), 1.0, True)
+
+
+def test_a_pickled_buffer_carries_its_written_rows_only_and_continues_identically():
+    buffer = ReplayBuffer(10_000, 2, 3, 1)
+    rng = np.random.default_rng(0)
+    for t in range(30):
+        buffer.add(rng.standard_normal((2, 3)), rng.uniform(-1, 1, (2, 1)), np.ones(2),
+                   np.array([DoneCode.RUNNING, DoneCode.TERMINATED if t % 7 == 6 else 0]))
+    data = pickle.dumps(buffer)
+    assert len(data) < 10_000  # 60 rows, not the capacity's 10,000
+    copy = pickle.loads(data)
+    assert copy.obs.shape == buffer.obs.shape and copy.size == buffer.size == 60
+    obs = np.ones((2, 3), np.float32)
+    for b in (buffer, copy):
+        b.add(obs, np.zeros((2, 1)), np.zeros(2), np.zeros(2, np.uint8))
+    for name in ("obs", "actions", "rewards", "next_obs", "terminal", "ready", "pending"):
+        np.testing.assert_array_equal(getattr(copy, name), getattr(buffer, name), err_msg=name)
+    assert copy.sample(8, np.random.default_rng(1)).obs.tolist() == \
+        buffer.sample(8, np.random.default_rng(1)).obs.tolist()

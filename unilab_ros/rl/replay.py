@@ -26,6 +26,8 @@ import numpy as np
 from unilab_ros.rl.done_codes import DoneCode
 
 _NO_PENDING = -1
+_ROWS = ("obs", "actions", "rewards", "next_obs", "terminal", "ready")
+"""The per-row arrays, allocated for the whole capacity."""
 
 
 @dataclass(frozen=True)
@@ -95,6 +97,22 @@ class ReplayBuffer:
         self.position = int((self.position + len(envs)) % self.capacity)
         self.size = min(self.size + len(envs), self.capacity)
         self.added += len(envs)
+
+    def __getstate__(self) -> dict:
+        """Pickled (to a learner process) with its written rows only: rows fill from the
+        first, so the unwritten rest of the capacity is zeros the receiver allocates."""
+        state = self.__dict__.copy()
+        for name in _ROWS:
+            state[name] = state[name][: self.size]
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        for name in _ROWS:
+            rows = state[name]
+            full = np.zeros((state["capacity"], *rows.shape[1:]), rows.dtype)
+            full[: len(rows)] = rows
+            state[name] = full
+        self.__dict__.update(state)
 
     def cut(self, envs: np.ndarray | None = None) -> None:
         """End the pending transitions of ``envs`` as time-outs (the next state they would
