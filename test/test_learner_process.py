@@ -230,3 +230,30 @@ def test_learner_process_needs_the_off_policy_learner_beside_acting():
                         loop=LoopConfig(learn_while_acting=True, learner_process=True))
     with pytest.raises(ValueError, match="PPO's update beside acting runs on a thread"):
         build_session(cfg)
+
+
+def test_the_process_writes_checkpoints_itself_and_a_refused_write_is_reported(tmp_path):
+    agent = SACAgent(CFG, replace(SMALL, learning_starts=0))
+    _fill(agent, 40)
+    learner = LearnerProcess(agent).start()
+    refused = []
+    try:
+        _wait_for_steps(learner, 20)
+        agent.iteration = 7
+        good = save_training(tmp_path / "best", agent, {"reason": "best"},
+                             failed=lambda path, error: refused.append((path, error)))
+        (tmp_path / "a_file").write_text("not a folder")
+        bad = save_training(tmp_path / "a_file" / "latest", agent,
+                            failed=lambda path, error: refused.append((path, error)))
+        # Asked, not written: the call returns before the process has the message.
+        _wait(lambda: (learner.receive(), refused)[1] != [])
+        assert good.is_file()
+    finally:
+        learner.stop()
+    assert [path for path, _ in refused] == [bad] and "Error" in refused[0][1]
+    written = Checkpoint(good)
+    assert written.iteration == 7 and written.env_steps == 80
+    assert written.extra == {"reason": "best"}
+    copy = SACAgent(CFG, replace(SMALL, learning_starts=0))
+    restore(copy, written)
+    assert copy.learner.steps >= 20 and copy.replay.size == 80

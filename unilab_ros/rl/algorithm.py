@@ -25,6 +25,7 @@ from unilab_ros.rl.background_learner import BackgroundLearner
 from unilab_ros.rl.background_update import BackgroundUpdate
 from unilab_ros.rl.bundle import PolicyBundle, bundle_from_agent
 from unilab_ros.rl.checkpoint import (
+    SUFFIX,
     Checkpoint,
     CheckpointError,
     export_policy,
@@ -32,7 +33,7 @@ from unilab_ros.rl.checkpoint import (
     save_checkpoint,
 )
 from unilab_ros.rl.lanes import LaneRollout
-from unilab_ros.rl.learner_process import LearnerProcess
+from unilab_ros.rl.learner_process import LearnerProcess, SaveFailed
 from unilab_ros.rl.sac_agent import ReplayCollector, SACAgent
 from unilab_ros.rl.sac_bundle import bundle_from_sac
 from unilab_ros.rl.sac_checkpoint import restore_sac, save_sac_checkpoint
@@ -80,8 +81,14 @@ def acted_outputs(agent: Agent, rows: int) -> tuple[np.ndarray, np.ndarray]:
 
 def save_training(path: str | os.PathLike[str], agent: Agent,
                   extra: dict[str, Any] | None = None,
-                  actions: ActionConfig | None = None, with_replay: bool = True) -> Path:
-    """A checkpoint that resumes training (SAC's replay beside it, ``with_replay``)."""
+                  actions: ActionConfig | None = None, with_replay: bool = True,
+                  failed: SaveFailed | None = None) -> Path:
+    """A checkpoint that resumes training (SAC's replay beside it, ``with_replay``). A
+    learner process writes it itself, later: a failure then reaches ``failed``."""
+    if isinstance(agent, SACAgent) and agent.remote is not None:
+        path = Path(path)
+        path = path if path.name.endswith(SUFFIX) else path.with_name(path.name + SUFFIX)
+        return agent.remote.save(path, extra, actions, with_replay, failed)
     with model_lock(agent):
         if isinstance(agent, SACAgent):
             return save_sac_checkpoint(path, agent, extra, actions, with_replay)

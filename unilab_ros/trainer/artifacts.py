@@ -165,26 +165,37 @@ class RunArtifacts:
         return save_bundle(self.folder / name, bundle)
 
     def _write(self, path: Path, extra: dict[str, Any], what: str) -> bool:
+        """Write (or, with a learner process, have it write) one checkpoint; False when the
+        disk refused at once (a learner process's refusal is counted when it arrives)."""
+
+        def failed(where: Path, error: str) -> None:
+            self._failed(what, where, error.split(":")[0], None, error)
+
         try:
             # The off-policy learner's replay goes beside latest only: the file a restart
             # resumes from (a copy per interval checkpoint would fill the disk).
             save_training(path, self._agent, extra, self._actions,
-                          with_replay=path.name == "latest.safetensors")
+                          with_replay=path.name == "latest.safetensors", failed=failed)
         # MLX reports a full disk as RuntimeError, the filesystem the rest as OSError.
         except (OSError, RuntimeError) as error:
-            self._counters.add("save_failures")
-            # MLX's message names no file: the path says which write the disk refused.
-            self.last_save_error = f"{what} ({path}): {type(error).__name__}: {error}"
-            kind = (type(error).__name__, getattr(error, "errno", None))
-            if kind not in self._errors_logged:
-                self._errors_logged.add(kind)
-                self._log(
-                    "error",
-                    f"could not save the {self.last_save_error}; training goes on (this kind "
-                    "of error is logged once; see save_failures in ~/status)",
-                )
+            self._failed(what, path, type(error).__name__, getattr(error, "errno", None),
+                         f"{type(error).__name__}: {error}")
             return False
         return True
+
+    def _failed(self, what: str, path: Path, kind_name: str, errno: int | None,
+                error: str) -> None:
+        self._counters.add("save_failures")
+        # MLX's message names no file: the path says which write the disk refused.
+        self.last_save_error = f"{what} ({path}): {error}"
+        kind = (kind_name, errno)
+        if kind not in self._errors_logged:
+            self._errors_logged.add(kind)
+            self._log(
+                "error",
+                f"could not save the {self.last_save_error}; training goes on (this kind "
+                "of error is logged once; see save_failures in ~/status)",
+            )
 
     def close(self) -> None:
         self.metrics.close()
