@@ -56,8 +56,10 @@ _LOG = logging.getLogger(__name__)
 NICE = 19
 """The learner's CPU priority: the lowest, so acting, the robot's driver and ROS run first
 whenever they are ready; the learner takes what they leave."""
-IDLE_WAIT_S = 0.002
-"""How long the learner waits for a message when no gradient step is owed."""
+IDLE_WAIT_S = 0.1
+"""How long the learner waits for a message when no gradient step is owed (a message ends
+the wait at once: this only spares an idle learner from waking the CPU 500 times a
+second)."""
 SaveFailed = Callable[[Path, str], None]
 SYNC_TIMEOUT_S = 60.0
 """The longest ``sync`` waits for the learner's state (a learner starved of CPU by other
