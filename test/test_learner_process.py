@@ -212,6 +212,7 @@ def test_every_thread_of_the_learner_process_runs_at_the_lowest_priority():
         pid = learner._process.pid
         threads = os.listdir(f"/proc/{pid}/task")
         assert threads and all(os.getpriority(os.PRIO_PROCESS, int(t)) == 19 for t in threads)
+        assert all(os.sched_getscheduler(int(t)) == os.SCHED_IDLE for t in threads)
         # A terminal's Ctrl-C reaches the process group: the trainer ends it, with its state.
         os.kill(pid, signal.SIGINT)
         _fill(agent, 20)

@@ -4,8 +4,8 @@ On a robot's computer the learner's gradient steps share the CPUs with the contr
 the robot's driver (or simulator) and ROS; on a thread of the trainer they also share its
 GIL, which the learner's Python between two MLX calls holds while the control thread waits
 (``background_learner``). A process takes the GIL out and lets the operating system put
-acting first: the learner runs at the lowest CPU priority (nice ``NICE``) with one BLAS
-thread, so a control tick that wakes up preempts it.
+acting first: the learner runs at the lowest CPU priority (nice ``NICE``, and Linux's
+SCHED_IDLE class) with one BLAS thread, so a control tick that wakes up preempts it.
 
 The process holds a replica of the replay: every step the trainer records and every cut
 is sent to it as it happens and recorded there by the same code, so both hold the same
@@ -312,15 +312,21 @@ class LearnerProcess:
 
 
 def _lower_priority(nice: int) -> None:
-    """Every thread of this process at ``nice`` (on Linux a thread's own; the ones started
-    later inherit it from their creator)."""
+    """Every thread of this process at ``nice`` and, on Linux, in the SCHED_IDLE class (a
+    thread's own setting there; the threads started later inherit their creator's). Nice
+    alone is not enough: Linux's EEVDF scheduler lets a running nice-19 thread finish its
+    slice (up to a few ms) before a woken control thread runs; a SCHED_IDLE one yields at
+    once."""
     try:
         threads = [int(tid) for tid in os.listdir("/proc/self/task")]
     except OSError:
         threads = [0]
+    idle = getattr(os, "SCHED_IDLE", None)
     for tid in threads:
         try:
             os.setpriority(os.PRIO_PROCESS, tid, nice)
+            if idle is not None:
+                os.sched_setscheduler(tid, idle, os.sched_param(0))
         except OSError:
             pass
 
