@@ -25,9 +25,9 @@ from unilab_ros.rl.background_learner import BackgroundLearner
 from unilab_ros.rl.background_update import BackgroundUpdate
 from unilab_ros.rl.bundle import PolicyBundle, bundle_from_agent
 from unilab_ros.rl.checkpoint import (
-    SUFFIX,
     Checkpoint,
     CheckpointError,
+    _with_suffix,
     export_policy,
     restore_agent,
     save_checkpoint,
@@ -86,9 +86,7 @@ def save_training(path: str | os.PathLike[str], agent: Agent,
     """A checkpoint that resumes training (SAC's replay beside it, ``with_replay``). A
     learner process writes it itself, later: a failure then reaches ``failed``."""
     if isinstance(agent, SACAgent) and agent.remote is not None:
-        path = Path(path)
-        path = path if path.name.endswith(SUFFIX) else path.with_name(path.name + SUFFIX)
-        return agent.remote.save(path, extra, actions, with_replay, failed)
+        return agent.remote.save(_with_suffix(path), extra, actions, with_replay, failed)
     with model_lock(agent):
         if isinstance(agent, SACAgent):
             return save_sac_checkpoint(path, agent, extra, actions, with_replay)
