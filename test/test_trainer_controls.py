@@ -38,8 +38,11 @@ from unilab_ros.trainer.node import TrainerNode
 pytestmark = pytest.mark.ros
 
 
-@pytest.mark.parametrize("service_type", ["empty", "trigger", "setbool"])
-def test_the_simulator_is_paused_for_the_update_and_resumed(make_env, service_type):
+@pytest.mark.parametrize("service_type, pauses", [
+    ("empty", True), ("trigger", True), ("setbool", True), ("setbool", False)])
+def test_the_simulator_is_paused_for_the_update_and_resumed(make_env, service_type, pauses):
+    """A simulator that paused gets no safe action (it takes no step; one arriving after
+    the resume would step it); one that answered without success gets it."""
     srv = {"empty": Empty, "trigger": Trigger, "setbool": SetBool}[service_type]
     env = make_env(
         pause_service="/sim/pause", resume_service="/sim/resume", pause_service_type=service_type
@@ -60,7 +63,7 @@ def test_the_simulator_is_paused_for_the_update_and_resumed(make_env, service_ty
                 trainer.loop.robots[0].source.awaiting_step,
             ))
             if hasattr(response, "success"):
-                response.success = True
+                response.success = pauses or name == "resume"
             return response
 
         return serve
@@ -70,11 +73,13 @@ def test_the_simulator_is_paused_for_the_update_and_resumed(make_env, service_ty
     env.start()
     for _ in range(NUM_STEPS):
         env.step(expected_actions=0)
-    assert env.spin_until(lambda: len(calls) == 2 and len(env.action_msgs) >= NUM_STEPS + 2)
+    safe = 0 if pauses else 1
+    assert env.spin_until(
+        lambda: len(calls) == 2 and len(env.action_msgs) >= NUM_STEPS + safe + 1)
     data = {"setbool": (True, False)}.get(service_type, (None, None))
-    assert calls == [("pause", 0, data[0], 0, False), ("resume", 1, data[1], 1, False)]
+    assert calls == [("pause", 0, data[0], 0, False), ("resume", 1, data[1], safe, False)]
     assert env.trainer.agent.iteration == 1
-    assert is_safe(env.actions[NUM_STEPS]) and not is_safe(env.actions[NUM_STEPS + 1])
+    assert [is_safe(action) for action in env.actions[NUM_STEPS:]] == [True] * safe + [False]
 
 
 def test_a_missing_pause_service_is_a_warning_not_a_stall(make_env):

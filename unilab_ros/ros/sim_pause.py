@@ -42,6 +42,9 @@ class SimPause:
         self.unanswered = False
         """Whether the last call was sent and got no answer within the timeout (a dead
         simulator whose service still looks ready); False when none was sent."""
+        self.paused = False
+        """Whether the simulator answered the last call, a pause (a SetBool or Trigger one
+        with success): it takes no step until resumed."""
 
     @property
     def configured(self) -> list[str]:
@@ -77,6 +80,7 @@ class SimPause:
 
     def _call(self, client: Client | None, pause: bool, then: Callable[[], None]) -> None:
         self.unanswered = False
+        self.paused = False
         future = self._request(client, pause) if client is not None else None
         if client is None or future is None:
             then()
@@ -129,4 +133,6 @@ class SimPause:
                 f"{self._timeout}s: going on without it",
                 throttle_duration_sec=_WARN_PERIOD,
             )
+        elif client is self._pause and future.exception() is None:
+            self.paused = bool(getattr(future.result(), "success", True))
         then()

@@ -348,8 +348,13 @@ class TrainerNode(Node):
 
     def _run_update(self) -> None:
         if self.cfg.update_safe_action:
+            # Not to a simulator that answered its pause: it takes no step until resumed,
+            # and DDS does not order the action topic against the resume service, so a
+            # safe action arriving after the resume would step a per-action simulator (the
+            # bridge, the MuJoCo robot node) with a step nobody learns from.
             for r in range(len(self._robots)):
-                self._publish_safe_action(r)
+                if not self._simulators.sims[r].paused:
+                    self._publish_safe_action(r)
         compiles = getattr(getattr(self.agent, "runtime_cfg", None), "enable_compile", True)
         if self.loop.updates_run == 0 and compiles and not self.cfg.warm_up_update:
             self.get_logger().info(
