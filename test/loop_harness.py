@@ -11,15 +11,18 @@ from unilab_ros.sims.gym_vector import GymVectorSim
 
 
 def run_paced(loop: TrainingLoop, sim: GymVectorSim, seconds: float, pace: float,
-              gate: Callable[[], bool] | None = None) -> tuple[list[dict], int]:
+              gate: Callable[[], bool] | None = None,
+              orders: list[list[str]] | None = None) -> tuple[list[dict], int]:
     """Step ``sim`` as ``loop`` decides, sleeping ``pace`` seconds before each step (the
     time a learner beside acting gets between two), and longer while ``gate`` says no,
     until the loop stops acting or ``seconds`` pass; the metrics of each IterationDone,
-    and the BeginUpdates seen."""
+    and the BeginUpdates seen. ``orders`` gets each decision list's type names."""
     reports, paused, stamp = [], 0, 0
     decisions = loop.on_observation(0, sim.reset(), stamp, 0.0, 0.0)
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
+        if orders is not None:
+            orders.append([type(d).__name__ for d in decisions])
         paused += sum(isinstance(d, BeginUpdate) for d in decisions)
         reports += [d.metrics for d in decisions if isinstance(d, IterationDone)]
         actions = [d for d in decisions if isinstance(d, PublishAction)]

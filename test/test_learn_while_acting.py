@@ -42,13 +42,19 @@ def test_the_loop_never_pauses_and_each_iteration_reports_the_learner():
         # A robot at real time: the learner gets the time between two steps. Its first
         # step compiles, which a loaded machine can stretch past the whole run: the
         # robot waits for that one (bounded), never for another.
+        orders: list[list[str]] = []
         reports, paused = run_paced(
             loop, sim, 120.0, 0.005,
-            gate=lambda: agent.env_steps < 2 * SMALL.learning_starts or agent.learner.steps > 0)
+            gate=lambda: agent.env_steps < 2 * SMALL.learning_starts or agent.learner.steps > 0,
+            orders=orders)
     finally:
         loop.close()
         sim.close()
     assert paused == 0 and len(reports) == 12 and agent.iteration == 12
+    # The action goes out before the iteration's report and saves; the last one acts no more.
+    closing = [order for order in orders if "IterationDone" in order]
+    assert [order[0] for order in closing] == ["PublishAction"] * 11 + ["IterationDone"]
+    assert closing[-1][-1] == "Finished"
     assert loop.learner is not None and not loop.learner.running
     learned = [m for m in reports if m["gradient_steps"] > 0]
     assert learned, reports

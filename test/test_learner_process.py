@@ -9,8 +9,10 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import replace
+from multiprocessing.connection import Connection
 
 import numpy as np
 import pytest
@@ -114,7 +116,17 @@ def test_steps_recorded_while_it_learns_reach_its_replay_and_a_checkpoint_holds_
     np.testing.assert_array_equal(copy.replay.obs[:480], agent.replay.obs[:480])
 
 
-def test_the_loop_learns_beside_acting_with_the_process_and_never_pauses():
+def test_the_loop_learns_beside_acting_with_the_process_and_never_pauses(monkeypatch):
+    # The control thread never reads the pipe (an actor is ~0.4 ms to read): a receiver
+    # thread does, and acting takes what arrived.
+    readers: set[str] = set()
+    recv = Connection.recv
+
+    def noting_the_reader(connection: Connection):
+        readers.add(threading.current_thread().name)
+        return recv(connection)
+
+    monkeypatch.setattr(Connection, "recv", noting_the_reader)
     setup = load_setup(config_file("pendulum_sac.yaml"))
     cfg = SessionConfig(setup.agent, actions=setup.actions, algorithm="sac", sac=SMALL,
                         loop=LoopConfig(checkpoint_interval=0, learn_while_acting=True,
@@ -139,6 +151,7 @@ def test_the_loop_learns_beside_acting_with_the_process_and_never_pauses():
         sim.close()
     assert paused == 0 and len(reports) == 12
     assert not learner.running and agent.remote is None
+    assert readers == {"sac-learner-receiver"}
     learned = [m for m in reports if m["gradient_steps"] > 0]
     assert learned, reports
     assert all(m["utd_achieved"] > 0 and np.isfinite(m["critic_loss"]) for m in learned)

@@ -43,12 +43,19 @@ class BesideActing:
         return isinstance(self.learner, BackgroundUpdate) and self.learner.running
 
     def _iteration_done(self, r: int, step: Transition, now: float) -> list[Decision]:
-        """Learning while acting: close the iteration, then act (unless it was the last)."""
-        decisions: list[Decision] = [IterationDone(self.update()), *self.after_update()]
-        if self.cfg.max_iterations and self.agent.iteration >= self.cfg.max_iterations:
+        """Learning while acting: act (unless this iteration is the last), then close the
+        iteration. The action goes out first: the iteration's report and saves would
+        otherwise delay one command in every ``num_steps`` (2% of a 50 Hz loop's at 50,
+        so the control period's p99 jitter) by their milliseconds."""
+        last = bool(self.cfg.max_iterations
+                    and self.agent.iteration + 1 >= self.cfg.max_iterations)
+        acted = [] if last else [self._act(r, step.next_obs, step.next_obs_stamp, now)]
+        decisions: list[Decision] = [*acted, IterationDone(self.update()),
+                                     *self.after_update()]
+        if last:
             self.phase = Phase.FINISHED
-            return [*decisions, Finished()]
-        return [*decisions, self._act(r, step.next_obs, step.next_obs_stamp, now)]
+            decisions.append(Finished())
+        return decisions
 
     def _complete_beside_update(self, r: int, step: Transition, now: float,
                                 learner: BackgroundUpdate) -> list[Decision]:
