@@ -3,6 +3,7 @@
     python bench/robot_off_policy.py                        # cartpole, seeds 0-2, 10 min
     python bench/robot_off_policy.py --seeds 0 --minutes 3 --off-seconds 30
     python bench/robot_off_policy.py --minutes 9 --kill-after 300   # SIGKILL, restart
+    python bench/robot_off_policy.py --alternate 0                   # learn without pauses
 
 Per seed, two runs of the MuJoCo robot node at ``--real-time-factor`` (1: a real robot's
 pace) beside the trainer with the shipped off-policy file
@@ -30,6 +31,17 @@ from its latest checkpoint with the replay saved beside it, and the line after t
 compares the mean return at the start, just before the kill and over the first iterations
 the restarted trainer adds.
 
+``--alternate S`` (the learner process only): from ``ALTERNATE_FROM_S`` into the learning
+run, learning is switched off and on every S seconds (off: ``~/set_training false`` and the
+learner process stopped with SIGSTOP; on: SIGCONT, ``~/set_training true``), and the p99
+jitter is also reported over the windows of each kind: learning on against off in one run,
+under the same load of the machine's neighbours, which moves a run's baseline by
+milliseconds on a shared virtual machine (a 40 s acting-alone run measured 2.2 to 10.3 ms on
+one morning). The first ``SETTLE_S`` of each window are left out. ``--alternate-off
+learner`` stops the learner process only (the trainer records and sends every step, closes
+its iterations): what the learner's computing costs the loop, apart from the trainer's own
+work for it.
+
 Prints the CPU model; the last line is ``robot_off_policy <robot> balanced_s_max=<x>
 jitter_p99_on_ms=<median over seeds> jitter_p99_off_ms=<...>`` (the command intervals').
 """
@@ -39,13 +51,17 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import os
+import signal
 import statistics
 import sys
 import time
 from pathlib import Path
 
 from rclpy.node import Node
+from rclpy.subscription import MessageInfo
 from std_msgs.msg import Float64MultiArray, String
+from std_srvs.srv import SetBool
 
 from unilab_ros.rl.checkpoint import Checkpoint
 from unilab_ros.tools.sim_train import isolated_ros_env, stop
@@ -62,24 +78,84 @@ PERIOD = 0.02
 """The cart-pole spec's control period (50 Hz)."""
 WARM_UP_S = 10.0
 """Command intervals of the first seconds (start-up, the first episode's reset) left out."""
+ALTERNATE_FROM_S = 40.0
+"""When ``--alternate`` starts switching: past the cart-pole's random warm-up (1,000 steps)
+and the learner's first, compiling step."""
+SETTLE_S = 2.0
+"""Seconds at the start of each alternation window left out (the switch itself)."""
+
+
+def learner_processes(trainer_pid: int) -> list[int]:
+    """The trainer's learner process (``learner_process: true``), by its spawn command."""
+    pids = []
+    for task in Path(f"/proc/{trainer_pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            command = Path(f"/proc/{child}/cmdline").read_bytes()
+            if b"spawn_main" in command:
+                pids.append(int(child))
+    return pids
+
+
+class _Alternation:
+    """Switches learning off and on every ``period`` seconds; ``windows`` holds each
+    window's (start, end, learning) in monotonic time."""
+
+    def __init__(self, node: Node, trainer_pid: int, period: float, start: float,
+                 recording: bool) -> None:
+        self._client = node.create_client(SetBool, "/unilab_trainer/set_training")
+        self._recording = recording
+        self._trainer_pid = trainer_pid
+        self._period = period
+        self._start = start
+        self.windows: list[list] = []
+
+    def tick(self, now: float) -> None:
+        if now < self._start or (self.windows and now - self.windows[-1][0] < self._period):
+            return
+        learning = not self.windows[-1][2] if self.windows else False
+        if self.windows:
+            self.windows[-1][1] = now
+        self.windows.append([now, now, learning])
+        learners = learner_processes(self._trainer_pid)
+        if not learners:
+            raise RuntimeError("--alternate needs the learner process (--learner process)")
+        request = SetBool.Request(data=learning)
+        if learning:
+            for pid in learners:
+                os.kill(pid, signal.SIGCONT)
+        if not self._recording:
+            self._client.call_async(request)
+        if not learning:
+            for pid in learners:
+                os.kill(pid, signal.SIGSTOP)
+
+    def close(self, now: float) -> None:
+        """End the last window; a stopped learner runs again (the trainer is stopped next)."""
+        if self.windows:
+            self.windows[-1][1] = now
+        for pid in learner_processes(self._trainer_pid):
+            os.kill(pid, signal.SIGCONT)
 
 
 class _StatusReader(Node):
-    """Keeps every ~/status of the trainer it hears, and the wall time each command reaches
-    the robot's topic (what a robot's controller sees of the control loop's period)."""
+    """Keeps every ~/status of the trainer it hears, and the time each command reached this
+    process (what a robot's controller sees of the control loop's period) as the middleware
+    stamped its reception, in ``time.monotonic``'s terms: this process's own work (reading
+    metrics.csv) delays the callback, never the stamp."""
 
     def __init__(self) -> None:
         super().__init__("robot_off_policy_bench")
         self.samples: list[dict] = []
         self.command_times: list[float] = []
+        self._to_monotonic = time.monotonic() - time.time()
         self.create_subscription(String, "/unilab_trainer/status", self._on_status, 10)
         self.create_subscription(Float64MultiArray, COMMAND_TOPIC, self._on_command, 100)
 
     def _on_status(self, msg: String) -> None:
         self.samples.append(json.loads(msg.data))
 
-    def _on_command(self, _msg: Float64MultiArray) -> None:
-        self.command_times.append(time.monotonic())
+    def _on_command(self, _msg: Float64MultiArray, info: MessageInfo) -> None:
+        self.command_times.append(info["received_timestamp"] * 1e-9 + self._to_monotonic)
 
 
 def _robot_status(sample: dict) -> dict:
@@ -88,10 +164,13 @@ def _robot_status(sample: dict) -> dict:
 
 
 def run(robot: str, seed: int, seconds: float, rtf: float, out: Path, domain: int,
-        learning: bool, kill_after: float = 0.0, learner_process: bool = False) -> dict:
+        learning: bool, kill_after: float = 0.0, learner_process: bool = False,
+        alternate: float = 0.0, alternate_recording: bool = False) -> dict:
     """One run of ``seconds``; the status samples and metrics rows with their wall times.
     ``kill_after`` (> 0): SIGKILL the trainer then, and start it again in the same folder
-    (it resumes from its latest checkpoint and replay); the robot runs on meanwhile."""
+    (it resumes from its latest checkpoint and replay); the robot runs on meanwhile.
+    ``alternate`` (> 0): switch learning off and on every that many seconds (with
+    ``alternate_recording``, the learner only)."""
     env = isolated_ros_env(domain)
     out.mkdir(parents=True, exist_ok=True)
     sim = start_robot(robot, rtf, seed, env, out / "robot.log")
@@ -104,11 +183,21 @@ def run(robot: str, seed: int, seconds: float, rtf: float, out: Path, domain: in
     began = time.monotonic()
     rows: list[tuple[float, dict]] = []
     restart: dict = {}
+    windows: list[list] = []
     try:
         with listening(env, _StatusReader) as (reader, executor):
+            switch = (_Alternation(reader, trainer.pid, alternate, began + ALTERNATE_FROM_S,
+                                   alternate_recording) if alternate else None)
+            windows = switch.windows if switch else []
+            read_at = began
             while time.monotonic() - began < seconds and trainer.poll() is None:
                 executor.spin_once(timeout_sec=0.5)
-                rows = _new_rows(out / "metrics.csv", rows, time.monotonic() - began)
+                if switch:
+                    switch.tick(time.monotonic())
+                if time.monotonic() - read_at < 1.0:
+                    continue
+                read_at = time.monotonic()
+                rows = _new_rows(out / "metrics.csv", rows, read_at - began)
                 if kill_after and not restart and time.monotonic() - began > kill_after:
                     trainer.kill()
                     trainer.wait()
@@ -117,11 +206,18 @@ def run(robot: str, seed: int, seconds: float, rtf: float, out: Path, domain: in
                                "checkpoint": Checkpoint(out / "latest.safetensors").iteration}
                     trainer = _start("unilab_ros.trainer", params, overrides, env,
                                      out / "trainer_restarted.log")
+            if switch:
+                switch.close(time.monotonic())
     finally:
         stop(trainer)
         stop(sim)
     return {"samples": reader.samples, "rows": rows, "restart": restart,
-            "intervals": command_intervals(reader.command_times, began + WARM_UP_S)}
+            "intervals": command_intervals(reader.command_times, began + WARM_UP_S),
+            "windows": {kind: [gap for start, end, learning in windows if learning == kind
+                               for gap in command_intervals(
+                                   [t for t in reader.command_times if t < end],
+                                   start + SETTLE_S)]
+                        for kind in (True, False)}}
 
 
 def command_intervals(times: list[float], after: float) -> list[float]:
@@ -190,6 +286,8 @@ def summarize(robot: str, seed: int, on: dict, off: dict) -> dict:
         "curve": [(round(wall), row.get("env_steps"), row.get("mean_return"),
                    row.get("mean_length")) for wall, row in on["rows"]][::10],
         "restart": restarted(on),
+        "alternated": {("on" if kind else "off"): (interval_jitter_p99(gaps, PERIOD), len(gaps))
+                       for kind, gaps in on["windows"].items() if gaps},
     }
 
 
@@ -224,9 +322,20 @@ def main() -> None:
                              "start it again in its folder (0: never)")
     parser.add_argument("--learner", choices=("process", "thread"), default="process",
                         help="where the learner runs beside acting (learner_process)")
+    parser.add_argument("--alternate", type=float, default=None,
+                        help="switch learning off and on every this many seconds of the "
+                             "learning run (the learner process only; 0: never; default 20 "
+                             "with the process and no --kill-after)")
+    parser.add_argument("--alternate-off", choices=("learning", "learner"), default="learning",
+                        help="what --alternate switches off: learning (training false, the "
+                             "learner stopped) or the learner process only")
     parser.add_argument("--out", type=Path, default=Path("/tmp/robot_off_policy"))
     parser.add_argument("--results-page", action="store_true", help=FLAG_HELP)
     args = parser.parse_args()
+    if args.alternate is None:
+        args.alternate = 20.0 if args.learner == "process" and not args.kill_after else 0.0
+    if args.alternate and (args.learner != "process" or args.kill_after):
+        parser.error("--alternate needs --learner process and no --kill-after")
     # The thread's runs keep the section they were recorded under.
     suffix = "_learner_process" if args.learner == "process" else ""
     with recording(f"robot_off_policy:{args.robot}{suffix}", args.results_page):
@@ -244,7 +353,8 @@ def _bench(args: argparse.Namespace) -> None:
                   60 + seed, learning=False)
         on = run(args.robot, seed, 60 * args.minutes, args.real_time_factor, base / "on",
                  70 + seed, learning=True, kill_after=args.kill_after,
-                 learner_process=args.learner == "process")
+                 learner_process=args.learner == "process", alternate=args.alternate,
+                 alternate_recording=args.alternate_off == "learner")
         row = summarize(args.robot, seed, on, off)
         results.append(row)
         balanced = "not within the run" if row["balanced_s"] is None else \
@@ -261,6 +371,14 @@ def _bench(args: argparse.Namespace) -> None:
               + " ".join(str(point) for point in row["curve"]))
         if row["restart"]:
             print(f"  {row['restart']}")
+        if row["alternated"]:
+            on_p99, on_n = row["alternated"].get("on", (float("nan"), 0))
+            off_p99, off_n = row["alternated"].get("off", (float("nan"), 0))
+            print(f"  alternating every {args.alternate:g} s from {ALTERNATE_FROM_S:g} s: "
+                  f"p99 jitter {on_p99:.3f} ms learning ({on_n} intervals), {off_p99:.3f} ms "
+                  f"learning off ({off_n} intervals: "
+                  + ("learner stopped, trainer recording)" if args.alternate_off == "learner"
+                     else "not recording, learner stopped)"))
     times = [r["balanced_s"] for r in results]
     worst = max(times) if times and None not in times else float("nan")
     print(f"robot_off_policy {args.robot} balanced_s_max={worst:.0f} "
