@@ -130,10 +130,13 @@ def test_the_loop_learns_beside_acting_with_the_process_and_never_pauses(monkeyp
     setup = load_setup(config_file("pendulum_sac.yaml"))
     cfg = SessionConfig(setup.agent, actions=setup.actions, algorithm="sac", sac=SMALL,
                         loop=LoopConfig(checkpoint_interval=0, learn_while_acting=True,
-                                        learner_process=True, max_iterations=12))
+                                        learner_process=True, max_iterations=12,
+                                        learner_quiet_ms=1.0))
     session = build_session(cfg)
     loop, agent = session.loop, session.loop.agent
     assert isinstance(loop.learner, LearnerProcess) and agent.remote is loop.learner
+    # It learns between the ticks (tick_windows): slowed by the quiet times, not stopped.
+    assert loop.learner.quiet_s == 0.001
     sim = GymVectorSim(setup.env_id, setup.agent.num_envs, 0, 0)
     before = _parameters(agent)
     learner = loop.learner
@@ -236,9 +239,35 @@ def test_every_thread_of_the_learner_process_runs_at_the_lowest_priority():
     assert learner.error is None and agent.learner.steps >= 80
 
 
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs to pin apart")
+def test_with_learner_cpu_the_learner_and_the_trainer_run_on_cpus_apart():
+    cpus = os.sched_getaffinity(0)
+    cpu = max(cpus)
+    agent = SACAgent(CFG, replace(SMALL, learning_starts=0))
+    learner = LearnerProcess(agent, cpu=cpu).start()
+    try:
+        _fill(agent, 40)
+        _wait_for_steps(learner, 40)
+        learners = os.listdir(f"/proc/{learner._process.pid}/task")
+        assert learners and all(os.sched_getaffinity(int(t)) == {cpu} for t in learners)
+        trainers = os.listdir("/proc/self/task")
+        assert all(os.sched_getaffinity(int(t)) == cpus - {cpu} for t in trainers)
+    finally:
+        learner.stop()
+    # Stopped, the trainer has every CPU back (it learns in phases again).
+    assert all(os.sched_getaffinity(int(t)) == cpus for t in os.listdir("/proc/self/task"))
+    assert learner.error is None
+
+
 def test_learner_process_needs_the_off_policy_learner_beside_acting():
     with pytest.raises(ValueError, match="needs learn_while_acting"):
         LoopConfig(learner_process=True).validate()
+    with pytest.raises(ValueError, match="needs learner_process"):
+        LoopConfig(learn_while_acting=True, learner_quiet_ms=3.0).validate()
+    with pytest.raises(ValueError, match="learner_cpu pins the learner process"):
+        LoopConfig(learn_while_acting=True, learner_cpu=0).validate()
+    with pytest.raises(ValueError, match="learner_cpu 4096 is not one of"):
+        LoopConfig(learn_while_acting=True, learner_process=True, learner_cpu=4096).validate()
     setup = load_setup(config_file("pendulum.yaml"))
     cfg = SessionConfig(setup.agent, actions=setup.actions, algorithm="ppo",
                         loop=LoopConfig(learn_while_acting=True, learner_process=True))

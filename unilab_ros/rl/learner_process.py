@@ -10,12 +10,13 @@ SCHED_IDLE class) with one BLAS thread, so a control tick that wakes up preempts
 The process holds a replica of the replay: every step the trainer records and every cut
 is sent to it as it happens and recorded there by the same code, so both hold the same
 rows and the same counters (env steps, gradient steps owed). It runs the owed gradient
-steps and, whenever the trainer took the actor it sent last, sends a numpy copy of the
-newest one with the metrics of the steps since (one message in flight: acting never
-falls behind a queue of stale actors). The trainer's process never computes for it, and
-its control thread never reads the pipe: a receiver thread reads and unpickles (a 270 KB
-actor took ~0.4 ms, which acting on every step would have waited for), and acting takes
-what arrived.
+steps and, whenever the trainer took the actor it sent last (and at most every
+``ACTOR_PERIOD_S``), sends a numpy copy of the newest one with the metrics of the steps
+since (one message in flight: acting never falls behind a queue of stale actors). The
+trainer's process never computes for it, and its control thread never reads the pipe: a
+receiver thread reads and unpickles (a 270 KB actor took ~0.4 ms, which acting on every
+step would have waited for), and acting takes what arrived. With ``quiet_s`` its gradient
+steps keep clear of the control ticks (``tick_windows``).
 
 Training checkpoints (interval, latest, best) are written by the process itself (``save``:
 its learner state and replay, the trainer's counters), so the control loop never waits for
@@ -53,6 +54,7 @@ from unilab_ros.rl.blas import set_blas_threads
 from unilab_ros.rl.sac_agent import METRICS, SACAgent
 from unilab_ros.rl.sac_checkpoint import save_sac_checkpoint
 from unilab_ros.rl.sac_config import SACConfig
+from unilab_ros.rl.tick_windows import TickWindows
 
 _LOG = logging.getLogger(__name__)
 
@@ -63,6 +65,11 @@ IDLE_WAIT_S = 0.1
 """How long the learner waits for a message when no gradient step is owed (a message ends
 the wait at once: this only spares an idle learner from waking the CPU 500 times a
 second)."""
+ACTOR_PERIOD_S = 0.1
+"""The shortest time between two actors sent: each is ~270 KB for [256, 256] layers to
+write, read and unpickle, work a control loop at 50 Hz would otherwise meet at every tick
+(the policy lag grows from ~2 to ~10-20 gradient steps; Sample Factory finds 20-30
+harmless)."""
 SaveFailed = Callable[[Path, str], None]
 _ENDED = ("ended",)
 """What the receiver thread queues last: the learner's end of the pipe closed."""
@@ -86,6 +93,8 @@ class _Setup:
     replay: Any
     env_steps: int
     nice: int
+    quiet_s: float
+    cpu: int
 
 
 def _shaped_like(flat: dict[str, np.ndarray], tree: Any) -> Any:
@@ -109,9 +118,16 @@ class LearnerProcess:
     and what the agent calls while it is its ``remote`` (``send_step``, ``send_cut``,
     ``receive``, ``sync``)."""
 
-    def __init__(self, agent: SACAgent, nice: int = NICE) -> None:
+    def __init__(self, agent: SACAgent, nice: int = NICE, quiet_s: float = 0.0,
+                 cpu: int = -1) -> None:
         self.agent = agent
         self.nice = nice
+        self.quiet_s = quiet_s
+        """Keeps gradient steps this far from the control ticks (``tick_windows``)."""
+        self.cpu = cpu
+        """The CPU the process runs on, the trainer's process on the others (-1: none)."""
+        self._trainer_cpus: set[int] = set()
+        """The trainer's CPUs before it left ``cpu`` to the learner (restored at stop)."""
         self.error: BaseException | None = None
         self._context = mp.get_context("spawn")
         self._process: Any = None
@@ -141,7 +157,7 @@ class LearnerProcess:
         setup = _Setup(agent.cfg, agent.sac_cfg,
                        (agent.low, agent.low + 2 * agent.half_range), model, optimizers,
                        counters, agent.batch_rng_state(), agent.replay, agent.env_steps,
-                       self.nice)
+                       self.nice, self.quiet_s, self.cpu)
         to_learner_read, to_learner = self._context.Pipe(duplex=False)
         self._inbox, from_learner = self._context.Pipe(duplex=False)
         self._process = self._context.Process(
@@ -157,6 +173,9 @@ class LearnerProcess:
         self._receiver = threading.Thread(target=self._receive_all, args=(self._inbox,),
                                           name="sac-learner-receiver", daemon=True)
         self._receiver.start()
+        if self.cpu >= 0:
+            self._trainer_cpus = os.sched_getaffinity(0)
+            _pin_threads(self._trainer_cpus - {self.cpu})
         self._owed = agent.updates_owed
         agent.background = self
         agent.remote = self
@@ -192,9 +211,11 @@ class LearnerProcess:
     def send_step(self, obs: np.ndarray, actions: np.ndarray, rewards: Any,
                   dones: Any, envs: np.ndarray | None, next_obs: np.ndarray | None) -> None:
         """One recorded step (``SACAgent.record``'s arguments, copied: the caller may
-        reuse its arrays before the sender thread writes them)."""
-        self._outbox.put(("step", *(None if a is None else np.array(a) for a in (
-            obs, actions, rewards, dones, envs, next_obs))))
+        reuse its arrays before the sender thread writes them), stamped with the monotonic
+        clock (system-wide): the learner's tick windows take the loop's phase from it."""
+        self._outbox.put(("step", time.monotonic(), *(None if a is None else np.array(a)
+                                                     for a in (obs, actions, rewards, dones,
+                                                               envs, next_obs))))
 
     def send_cut(self, envs: np.ndarray) -> None:
         self._outbox.put(("cut", np.array(envs)))
@@ -323,22 +344,41 @@ class LearnerProcess:
             self.receive()
         if self._inbox is not None:
             self._inbox.close()
+        if self._trainer_cpus:
+            _pin_threads(self._trainer_cpus)
         self.agent.background = None
         self.agent.remote = None
 
 
-def _lower_priority(nice: int) -> None:
+def _pin_threads(cpus: set[int]) -> None:
+    """Every thread of this process on ``cpus`` (a thread's own setting on Linux; threads
+    started later inherit their creator's)."""
+    for tid in _threads():
+        try:
+            os.sched_setaffinity(tid, cpus)
+        except OSError:
+            pass
+
+
+def _threads() -> list[int]:
+    try:
+        return [int(tid) for tid in os.listdir("/proc/self/task")]
+    except OSError:
+        return [0]
+
+
+def _lower_priority(nice: int, cpu: int) -> None:
     """Every thread of this process at ``nice`` and, on Linux, in the SCHED_IDLE class (a
     thread's own setting there; the threads started later inherit their creator's). Nice
     alone is not enough: Linux's EEVDF scheduler lets a running nice-19 thread finish its
     slice (up to a few ms) before a woken control thread runs; a SCHED_IDLE one yields at
-    once."""
-    try:
-        threads = [int(tid) for tid in os.listdir("/proc/self/task")]
-    except OSError:
-        threads = [0]
+    once. With ``cpu`` >= 0 every thread runs on that CPU only: the learner's computing
+    otherwise slowed the control loop on whichever CPU it shared (measured: ~1.8 ms more p99
+    command jitter at SCHED_IDLE, even kept clear of the ticks; pinned apart, ~0.3 ms)."""
+    if cpu >= 0:
+        _pin_threads({cpu})
     idle = getattr(os, "SCHED_IDLE", None)
-    for tid in threads:
+    for tid in _threads():
         try:
             os.setpriority(os.PRIO_PROCESS, tid, nice)
             if idle is not None:
@@ -352,7 +392,7 @@ def _serve(setup: _Setup, inbox: Connection, outbox: Connection, want: Any) -> N
     # A terminal's Ctrl-C reaches the whole process group: the trainer ends this process
     # (after taking its state for the last checkpoint), not the signal.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _lower_priority(setup.nice)
+    _lower_priority(setup.nice, setup.cpu)
     set_blas_threads(1)
     sent: queue.SimpleQueue = queue.SimpleQueue()
 
@@ -399,16 +439,18 @@ def _learn(setup: _Setup, inbox: Connection, sent: queue.SimpleQueue, want: Any)
     _load(agent, setup.model, setup.optimizers, setup.counters)
     agent.set_rng_states(agent.act_rng_state(), setup.batch_rng)
     totals, count, seconds = np.zeros(len(METRICS)), 0, 0.0
-    last_sent = agent.learner.steps
+    last_sent, sent_at = agent.learner.steps, -ACTOR_PERIOD_S
     lowered = False
+    windows = TickWindows(setup.quiet_s)
     while True:
-        wait = 0.0 if agent.ready else IDLE_WAIT_S
+        wait = windows.wait(time.monotonic()) if agent.ready else IDLE_WAIT_S
         while inbox.poll(wait):
             wait = 0.0
             message = inbox.recv()
             kind = message[0]
             if kind == "step":
-                agent.record(*message[1:])
+                windows.arrived(message[1])
+                agent.record(*message[2:])
             elif kind == "cut":
                 agent.cut(message[1])
             elif kind == "state":
@@ -417,20 +459,23 @@ def _learn(setup: _Setup, inbox: Connection, sent: queue.SimpleQueue, want: Any)
                 sent.put(("saved", message[1], _write(agent, *message[1:])))
             elif kind == "stop":
                 return
-        if agent.ready:
+        if agent.ready and windows.wait(time.monotonic()) == 0.0:
+            began = time.monotonic()
             metrics = agent.learn(STEPS_PER_CALL)
             steps = int(metrics.get("gradient_steps", 0))
             if steps:
+                windows.stepped(time.monotonic() - began)
                 totals += steps * np.array([metrics[name] for name in METRICS])
             count += steps
             seconds += metrics.get("learn_time", 0.0)
             if not lowered:
                 # MLX starts its threads with the first step: they learn at the same priority.
-                _lower_priority(setup.nice)
+                _lower_priority(setup.nice, setup.cpu)
                 lowered = True
-        if want.value and agent.learner.steps > last_sent:
+        if (want.value and agent.learner.steps > last_sent
+                and time.monotonic() - sent_at >= ACTOR_PERIOD_S):
             want.value = 0
-            last_sent = agent.learner.steps
+            last_sent, sent_at = agent.learner.steps, time.monotonic()
             sent.put(("actor", agent._actor, last_sent, totals, count, seconds,
                       agent.updates_owed, agent.nonfinite_steps))
             totals, count, seconds = np.zeros(len(METRICS)), 0, 0.0
