@@ -166,7 +166,7 @@ def _robot_status(sample: dict) -> dict:
 def run(robot: str, seed: int, seconds: float, rtf: float, out: Path, domain: int,
         learning: bool, kill_after: float = 0.0, learner_process: bool = False,
         alternate: float = 0.0, alternate_recording: bool = False,
-        quiet_ms: float = 0.0, learner_cpu: int = -1) -> dict:
+        learner_cpu: int = -1) -> dict:
     """One run of ``seconds``; the status samples and metrics rows with their wall times.
     ``kill_after`` (> 0): SIGKILL the trainer then, and start it again in the same folder
     (it resumes from its latest checkpoint and replay); the robot runs on meanwhile.
@@ -183,7 +183,6 @@ def run(robot: str, seed: int, seconds: float, rtf: float, out: Path, domain: in
                  "max_iterations": "0", "learn_while_acting": "true",
                  "training": "true" if learning else "false",
                  "learner_process": "true" if learner_process else "false",
-                 "learner_quiet_ms": str(float(quiet_ms)),
                  "learner_cpu": str(learner_cpu if learner_process else -1)}
     params = ROOT / "config" / "robot_train" / f"{robot}_sac.yaml"
     trainer = _start("unilab_ros.trainer", params, overrides, env, out / "trainer.log")
@@ -336,9 +335,6 @@ def main() -> None:
     parser.add_argument("--alternate-off", choices=("learning", "learner"), default="learning",
                         help="what --alternate switches off: learning (training false, the "
                              "learner stopped) or the learner process only")
-    parser.add_argument("--quiet-ms", type=float, default=0.0,
-                        help="learner_quiet_ms: the learner process keeps this far from the "
-                             "control ticks")
     parser.add_argument("--learner-cpu", type=int, default=-1,
                         help="learner_cpu: the learner process on this CPU, the trainer and "
                              "the robot on the others (-1: anywhere)")
@@ -358,7 +354,6 @@ def main() -> None:
 def _bench(args: argparse.Namespace) -> None:
     print(f"CPU: {cpu_model()}; {args.robot} at real_time_factor {args.real_time_factor}, "
           f"learning while acting (the learner in a {args.learner}"
-          + (f", quiet {args.quiet_ms:g} ms around each tick" if args.quiet_ms else "")
           + (f", on CPU {args.learner_cpu}, the trainer and robot on the others"
              if args.learner_cpu >= 0 else "")
           + f") for {args.minutes:g} min "
@@ -371,7 +366,7 @@ def _bench(args: argparse.Namespace) -> None:
         on = run(args.robot, seed, 60 * args.minutes, args.real_time_factor, base / "on",
                  70 + seed, learning=True, kill_after=args.kill_after,
                  learner_process=args.learner == "process", alternate=args.alternate,
-                 alternate_recording=args.alternate_off == "learner", quiet_ms=args.quiet_ms,
+                 alternate_recording=args.alternate_off == "learner",
                  learner_cpu=args.learner_cpu)
         row = summarize(args.robot, seed, on, off)
         results.append(row)

@@ -130,13 +130,10 @@ def test_the_loop_learns_beside_acting_with_the_process_and_never_pauses(monkeyp
     setup = load_setup(config_file("pendulum_sac.yaml"))
     cfg = SessionConfig(setup.agent, actions=setup.actions, algorithm="sac", sac=SMALL,
                         loop=LoopConfig(checkpoint_interval=0, learn_while_acting=True,
-                                        learner_process=True, max_iterations=12,
-                                        learner_quiet_ms=1.0))
+                                        learner_process=True, max_iterations=12))
     session = build_session(cfg)
     loop, agent = session.loop, session.loop.agent
     assert isinstance(loop.learner, LearnerProcess) and agent.remote is loop.learner
-    # It learns between the ticks (tick_windows): slowed by the quiet times, not stopped.
-    assert loop.learner.quiet_s == 0.001
     sim = GymVectorSim(setup.env_id, setup.agent.num_envs, 0, 0)
     before = _parameters(agent)
     learner = loop.learner
@@ -262,8 +259,6 @@ def test_with_learner_cpu_the_learner_and_the_trainer_run_on_cpus_apart():
 def test_learner_process_needs_the_off_policy_learner_beside_acting():
     with pytest.raises(ValueError, match="needs learn_while_acting"):
         LoopConfig(learner_process=True).validate()
-    with pytest.raises(ValueError, match="needs learner_process"):
-        LoopConfig(learn_while_acting=True, learner_quiet_ms=3.0).validate()
     with pytest.raises(ValueError, match="learner_cpu pins the learner process"):
         LoopConfig(learn_while_acting=True, learner_cpu=0).validate()
     with pytest.raises(ValueError, match="learner_cpu 4096 is not one of"):

@@ -37,10 +37,6 @@ class LoopConfig:
     learner_process: bool = False
     """With learn_while_acting and algorithm sac: the learner runs in a process of its own at
     the lowest CPU priority (``rl.learner_process``) instead of a thread of the trainer."""
-    learner_quiet_ms: float = 0.0
-    """With learner_process: the learner computes no gradient step within this many ms of
-    a control tick (before it is due, after its step arrived), the period taken from the
-    steps' arrivals (``rl.tick_windows``); 0: it computes whenever it can."""
     learner_cpu: int = -1
     """With learner_process: the learner runs on this CPU only, the trainer's threads on
     the others (pin the robot's driver there too, e.g. with taskset); -1: anywhere. On 2
@@ -58,9 +54,6 @@ class LoopConfig:
         if self.learner_process and not self.learn_while_acting:
             raise ValueError("learner_process is where the learner runs beside acting: it "
                              "needs learn_while_acting: true")
-        if self.learner_quiet_ms < 0.0 or (self.learner_quiet_ms and not self.learner_process):
-            raise ValueError("learner_quiet_ms must be >= 0, and keeps the learner process "
-                             "from the ticks: it needs learner_process: true")
         if self.learner_cpu >= 0:
             if not self.learner_process:
                 raise ValueError("learner_cpu pins the learner process: it needs "

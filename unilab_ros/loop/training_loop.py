@@ -107,8 +107,7 @@ class TrainingLoop(RobotChecks, BesideActing):
             # Each robot stood at the safe action before its first command: blend in.
             robot.guard.hold()
         self.lanes = collector(agent)
-        self.learner = (learn_beside_acting(agent, cfg.learner_process,
-                                            cfg.learner_quiet_ms / 1e3, cfg.learner_cpu)
+        self.learner = (learn_beside_acting(agent, cfg.learner_process, cfg.learner_cpu)
                         if cfg.learn_while_acting else None)
         """The learner thread while learning runs beside acting."""
         self._stale_steps = 0

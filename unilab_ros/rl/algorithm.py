@@ -56,13 +56,13 @@ def model_lock(agent: Agent) -> contextlib.AbstractContextManager:
     return agent.model_lock
 
 
-def learn_beside_acting(agent: Agent, in_process: bool = False, quiet_s: float = 0.0,
-                        cpu: int = -1) -> BackgroundLearner | BackgroundUpdate | LearnerProcess:
+def learn_beside_acting(agent: Agent, in_process: bool = False, cpu: int = -1
+                        ) -> BackgroundLearner | BackgroundUpdate | LearnerProcess:
     """What learns beside acting: the off-policy learner's thread or (``in_process``)
-    process (kept ``quiet_s`` from the control ticks, on ``cpu``), started; or PPO's update
-    of each full rollout while the next is collected."""
+    process (on ``cpu``), started; or PPO's update of each full rollout while the next is
+    collected."""
     if isinstance(agent, SACAgent):
-        return (LearnerProcess(agent, quiet_s=quiet_s, cpu=cpu) if in_process
+        return (LearnerProcess(agent, cpu=cpu) if in_process
                 else BackgroundLearner(agent)).start()
     return BackgroundUpdate(agent)
 

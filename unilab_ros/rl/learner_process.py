@@ -15,8 +15,8 @@ steps and, whenever the trainer took the actor it sent last (and at most every
 since (one message in flight: acting never falls behind a queue of stale actors). The
 trainer's process never computes for it, and its control thread never reads the pipe: a
 receiver thread reads and unpickles (a 270 KB actor took ~0.4 ms, which acting on every
-step would have waited for), and acting takes what arrived. With ``quiet_s`` its gradient
-steps keep clear of the control ticks (``tick_windows``).
+step would have waited for), and acting takes what arrived. With ``cpu`` it runs on one
+CPU and the trainer on the others (``_lower_priority``).
 
 Training checkpoints (interval, latest, best) are written by the process itself (``save``:
 its learner state and replay, the trainer's counters), so the control loop never waits for
@@ -54,7 +54,6 @@ from unilab_ros.rl.blas import set_blas_threads
 from unilab_ros.rl.sac_agent import METRICS, SACAgent
 from unilab_ros.rl.sac_checkpoint import save_sac_checkpoint
 from unilab_ros.rl.sac_config import SACConfig
-from unilab_ros.rl.tick_windows import TickWindows
 
 _LOG = logging.getLogger(__name__)
 
@@ -93,7 +92,6 @@ class _Setup:
     replay: Any
     env_steps: int
     nice: int
-    quiet_s: float
     cpu: int
 
 
@@ -118,12 +116,9 @@ class LearnerProcess:
     and what the agent calls while it is its ``remote`` (``send_step``, ``send_cut``,
     ``receive``, ``sync``)."""
 
-    def __init__(self, agent: SACAgent, nice: int = NICE, quiet_s: float = 0.0,
-                 cpu: int = -1) -> None:
+    def __init__(self, agent: SACAgent, nice: int = NICE, cpu: int = -1) -> None:
         self.agent = agent
         self.nice = nice
-        self.quiet_s = quiet_s
-        """Keeps gradient steps this far from the control ticks (``tick_windows``)."""
         self.cpu = cpu
         """The CPU the process runs on, the trainer's process on the others (-1: none)."""
         self._trainer_cpus: set[int] = set()
@@ -157,7 +152,7 @@ class LearnerProcess:
         setup = _Setup(agent.cfg, agent.sac_cfg,
                        (agent.low, agent.low + 2 * agent.half_range), model, optimizers,
                        counters, agent.batch_rng_state(), agent.replay, agent.env_steps,
-                       self.nice, self.quiet_s, self.cpu)
+                       self.nice, self.cpu)
         to_learner_read, to_learner = self._context.Pipe(duplex=False)
         self._inbox, from_learner = self._context.Pipe(duplex=False)
         self._process = self._context.Process(
@@ -211,11 +206,9 @@ class LearnerProcess:
     def send_step(self, obs: np.ndarray, actions: np.ndarray, rewards: Any,
                   dones: Any, envs: np.ndarray | None, next_obs: np.ndarray | None) -> None:
         """One recorded step (``SACAgent.record``'s arguments, copied: the caller may
-        reuse its arrays before the sender thread writes them), stamped with the monotonic
-        clock (system-wide): the learner's tick windows take the loop's phase from it."""
-        self._outbox.put(("step", time.monotonic(), *(None if a is None else np.array(a)
-                                                     for a in (obs, actions, rewards, dones,
-                                                               envs, next_obs))))
+        reuse its arrays before the sender thread writes them)."""
+        self._outbox.put(("step", *(None if a is None else np.array(a) for a in (
+            obs, actions, rewards, dones, envs, next_obs))))
 
     def send_cut(self, envs: np.ndarray) -> None:
         self._outbox.put(("cut", np.array(envs)))
@@ -373,8 +366,9 @@ def _lower_priority(nice: int, cpu: int) -> None:
     alone is not enough: Linux's EEVDF scheduler lets a running nice-19 thread finish its
     slice (up to a few ms) before a woken control thread runs; a SCHED_IDLE one yields at
     once. With ``cpu`` >= 0 every thread runs on that CPU only: the learner's computing
-    otherwise slowed the control loop on whichever CPU it shared (measured: ~1.8 ms more p99
-    command jitter at SCHED_IDLE, even kept clear of the ticks; pinned apart, ~0.3 ms)."""
+    otherwise slowed the control loop on whichever CPU it shared, whatever its priority
+    (measured on 2 cores: 1.8-2.5 ms more p99 command jitter at SCHED_IDLE, as much with
+    its gradient steps kept 3 ms clear of each tick; pinned apart, 0.2-0.7 ms)."""
     if cpu >= 0:
         _pin_threads({cpu})
     idle = getattr(os, "SCHED_IDLE", None)
@@ -441,16 +435,14 @@ def _learn(setup: _Setup, inbox: Connection, sent: queue.SimpleQueue, want: Any)
     totals, count, seconds = np.zeros(len(METRICS)), 0, 0.0
     last_sent, sent_at = agent.learner.steps, -ACTOR_PERIOD_S
     lowered = False
-    windows = TickWindows(setup.quiet_s)
     while True:
-        wait = windows.wait(time.monotonic()) if agent.ready else IDLE_WAIT_S
+        wait = 0.0 if agent.ready else IDLE_WAIT_S
         while inbox.poll(wait):
             wait = 0.0
             message = inbox.recv()
             kind = message[0]
             if kind == "step":
-                windows.arrived(message[1])
-                agent.record(*message[2:])
+                agent.record(*message[1:])
             elif kind == "cut":
                 agent.cut(message[1])
             elif kind == "state":
@@ -459,12 +451,10 @@ def _learn(setup: _Setup, inbox: Connection, sent: queue.SimpleQueue, want: Any)
                 sent.put(("saved", message[1], _write(agent, *message[1:])))
             elif kind == "stop":
                 return
-        if agent.ready and windows.wait(time.monotonic()) == 0.0:
-            began = time.monotonic()
+        if agent.ready:
             metrics = agent.learn(STEPS_PER_CALL)
             steps = int(metrics.get("gradient_steps", 0))
             if steps:
-                windows.stepped(time.monotonic() - began)
                 totals += steps * np.array([metrics[name] for name in METRICS])
             count += steps
             seconds += metrics.get("learn_time", 0.0)
