@@ -346,7 +346,8 @@ def main() -> None:
     if args.alternate and (args.learner != "process" or args.kill_after):
         parser.error("--alternate needs --learner process and no --kill-after")
     # The thread's runs keep the section they were recorded under.
-    suffix = "_learner_process" if args.learner == "process" else ""
+    suffix = ("_learner_process" + ("_pinned" if args.learner_cpu >= 0 else "")
+              if args.learner == "process" else "")
     with recording(f"robot_off_policy:{args.robot}{suffix}", args.results_page):
         _bench(args)
 
