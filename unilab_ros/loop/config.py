@@ -40,8 +40,8 @@ class LoopConfig:
     learner_cpu: int = -1
     """With learner_process: the learner runs on this CPU only, the trainer's threads on
     the others (pin the robot's driver there too, e.g. with taskset); -1: anywhere. On 2
-    cores this took the learner's cost to the command period's p99 jitter from ~1.8 ms to
-    ~0.3 ms (bench/robot_off_policy.py)."""
+    cores this took the learner's cost to the command period's p99 jitter from 1.8-2.5 ms
+    to 0.2-0.7 ms (bench/robot_off_policy.py)."""
 
     def validate(self) -> None:
         if self.step_timeout <= 0.0 or self.episode_end_timeout <= 0.0:

@@ -67,7 +67,7 @@ second)."""
 ACTOR_PERIOD_S = 0.1
 """The shortest time between two actors sent: each is ~270 KB for [256, 256] layers to
 write, read and unpickle, work a control loop at 50 Hz would otherwise meet at every tick
-(the policy lag grows from ~2 to ~10-20 gradient steps; Sample Factory finds 20-30
+(the policy lag grew from ~2 to ~6 gradient steps at 50 Hz; Sample Factory finds 20-30
 harmless)."""
 SaveFailed = Callable[[Path, str], None]
 _ENDED = ("ended",)
