@@ -351,7 +351,8 @@ class TrainerNode(Node):
             # Not to a simulator that answered its pause: it takes no step until resumed,
             # and DDS does not order the action topic against the resume service, so a
             # safe action arriving after the resume would step a per-action simulator (the
-            # bridge, the MuJoCo robot node) with a step nobody learns from.
+            # Gymnasium bridge) with a step nobody learns from; one that holds its last
+            # command holds the policy's until the next tick, as between any two.
             for r in range(len(self._robots)):
                 if not self._simulators.sims[r].paused:
                     self._publish_safe_action(r)
