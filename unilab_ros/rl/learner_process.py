@@ -16,7 +16,7 @@ since (one message in flight: acting never falls behind a queue of stale actors)
 trainer's process never computes for it, and its control thread never reads the pipe: a
 receiver thread reads and unpickles (a 270 KB actor took ~0.4 ms, which acting on every
 step would have waited for), and acting takes what arrived. With ``cpu`` it runs on one
-CPU and the trainer on the others (``_lower_priority``).
+CPU and the trainer on the others (``cpu_placement``).
 
 Training checkpoints (interval, latest, best) are written by the process itself (``save``:
 its learner state and replay, the trainer's counters), so the control loop never waits for
@@ -51,6 +51,7 @@ from unilab_ros.rl.actions import ActionConfig
 from unilab_ros.rl.agent import AgentConfig
 from unilab_ros.rl.background_learner import STEPS_PER_CALL
 from unilab_ros.rl.blas import set_blas_threads
+from unilab_ros.rl.cpu_placement import lower_priority, pin_threads
 from unilab_ros.rl.sac_agent import METRICS, SACAgent
 from unilab_ros.rl.sac_checkpoint import save_sac_checkpoint
 from unilab_ros.rl.sac_config import SACConfig
@@ -170,7 +171,7 @@ class LearnerProcess:
         self._receiver.start()
         if self.cpu >= 0:
             self._trainer_cpus = os.sched_getaffinity(0)
-            _pin_threads(self._trainer_cpus - {self.cpu})
+            pin_threads(self._trainer_cpus - {self.cpu})
         self._owed = agent.updates_owed
         agent.background = self
         agent.remote = self
@@ -338,47 +339,9 @@ class LearnerProcess:
         if self._inbox is not None:
             self._inbox.close()
         if self._trainer_cpus:
-            _pin_threads(self._trainer_cpus)
+            pin_threads(self._trainer_cpus)
         self.agent.background = None
         self.agent.remote = None
-
-
-def _pin_threads(cpus: set[int]) -> None:
-    """Every thread of this process on ``cpus`` (a thread's own setting on Linux; threads
-    started later inherit their creator's)."""
-    for tid in _threads():
-        try:
-            os.sched_setaffinity(tid, cpus)
-        except OSError:
-            pass
-
-
-def _threads() -> list[int]:
-    try:
-        return [int(tid) for tid in os.listdir("/proc/self/task")]
-    except OSError:
-        return [0]
-
-
-def _lower_priority(nice: int, cpu: int) -> None:
-    """Every thread of this process at ``nice`` and, on Linux, in the SCHED_IDLE class (a
-    thread's own setting there; the threads started later inherit their creator's). Nice
-    alone is not enough: Linux's EEVDF scheduler lets a running nice-19 thread finish its
-    slice (up to a few ms) before a woken control thread runs; a SCHED_IDLE one yields at
-    once. With ``cpu`` >= 0 every thread runs on that CPU only: the learner's computing
-    otherwise slowed the control loop on whichever CPU it shared, whatever its priority
-    (measured on 2 cores: 1.8-2.5 ms more p99 command jitter at SCHED_IDLE, as much with
-    its gradient steps kept 3 ms clear of each tick; pinned apart, 0.2-0.7 ms)."""
-    if cpu >= 0:
-        _pin_threads({cpu})
-    idle = getattr(os, "SCHED_IDLE", None)
-    for tid in _threads():
-        try:
-            os.setpriority(os.PRIO_PROCESS, tid, nice)
-            if idle is not None:
-                os.sched_setscheduler(tid, idle, os.sched_param(0))
-        except OSError:
-            pass
 
 
 def _serve(setup: _Setup, inbox: Connection, outbox: Connection, want: Any) -> None:
@@ -386,7 +349,7 @@ def _serve(setup: _Setup, inbox: Connection, outbox: Connection, want: Any) -> N
     # A terminal's Ctrl-C reaches the whole process group: the trainer ends this process
     # (after taking its state for the last checkpoint), not the signal.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _lower_priority(setup.nice, setup.cpu)
+    lower_priority(setup.nice, setup.cpu)
     set_blas_threads(1)
     sent: queue.SimpleQueue = queue.SimpleQueue()
 
@@ -460,7 +423,7 @@ def _learn(setup: _Setup, inbox: Connection, sent: queue.SimpleQueue, want: Any)
             seconds += metrics.get("learn_time", 0.0)
             if not lowered:
                 # MLX starts its threads with the first step: they learn at the same priority.
-                _lower_priority(setup.nice, setup.cpu)
+                lower_priority(setup.nice, setup.cpu)
                 lowered = True
         if (want.value and agent.learner.steps > last_sent
                 and time.monotonic() - sent_at >= ACTOR_PERIOD_S):

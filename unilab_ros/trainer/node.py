@@ -348,14 +348,8 @@ class TrainerNode(Node):
 
     def _run_update(self) -> None:
         if self.cfg.update_safe_action:
-            # Not to a simulator that answered its pause: it takes no step until resumed,
-            # and DDS does not order the action topic against the resume service, so a
-            # safe action arriving after the resume would step a per-action simulator (the
-            # Gymnasium bridge) with a step nobody learns from; one that holds its last
-            # command holds the policy's until the next tick, as between any two.
-            for r in range(len(self._robots)):
-                if not self._simulators.sims[r].paused:
-                    self._publish_safe_action(r)
+            for r in self._simulators.running():
+                self._publish_safe_action(r)
         compiles = getattr(getattr(self.agent, "runtime_cfg", None), "enable_compile", True)
         if self.loop.updates_run == 0 and compiles and not self.cfg.warm_up_update:
             self.get_logger().info(

@@ -59,6 +59,15 @@ class Simulators:
         self.paused = self._loop.simulators_to_pause()
         self._call(self.paused, "pause", then)
 
+    def running(self) -> list[int]:
+        """The robots whose simulator did not answer a pause: the ones an update's safe
+        action is for. A paused one takes no step until resumed, and DDS does not order the
+        action topic against the resume service, so a safe action arriving after the resume
+        would step a per-action simulator (the Gymnasium bridge) with a step nobody learns
+        from; one that holds its last command holds the policy's until the next tick, as
+        between any two."""
+        return [r for r, sim in enumerate(self.sims) if not sim.paused]
+
     def resume(self, then: Callable[[], None]) -> None:
         self._call(self.paused, "resume", then)
 
