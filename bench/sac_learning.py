@@ -19,6 +19,10 @@ tenth is the run's figure), the first env step from which every later episode of
 cart-pole lasted its full 1,000 steps, the reacher's final fingertip distance over the
 last tenth's episodes, wall seconds, env steps per second and the median seconds of a
 gradient step (ours: measured inside the learner; SB3: its whole train() call per step).
+Training episodes act on sampled actions; the policy a user deploys acts on the mean. So
+after its budget each run's final policy also acts deterministically (ours: the actor's
+mean through tanh; SB3: ``predict(deterministic=True)``) for ``EVAL_EPISODES`` episodes on
+a fresh env seeded apart from training: their mean return and the reacher's final distance.
 The last line is machine-readable:
 
     sac_learning <robot>_ours_last=<mean over seeds> <robot>_sb3_last=<...> ...
@@ -44,6 +48,9 @@ from results_page import FLAG_HELP, cpu_model, recording  # noqa: E402
 BUDGETS = {"cartpole": 20_000, "reacher": 50_000, "quadruped": 200_000}
 """Issue 39's budgets: where the off-policy learner must have learned each robot."""
 SOLVED_LENGTH = 1000
+EVAL_EPISODES = 20
+EVAL_SEED_OFFSET = 10_000
+"""The evaluation env's seed is the run's plus this: episodes training never saw."""
 
 
 def sac_settings(robot: str) -> dict:
@@ -74,6 +81,22 @@ class EpisodeLog:
             self._return, self._length = 0.0, 0
 
 
+def evaluate(env, policy, seed: int) -> dict:  # noqa: ANN001 - gym.Env, obs -> action
+    """``EVAL_EPISODES`` episodes of ``policy`` (deterministic) on ``env``, seeded apart
+    from training: the mean return and the mean final site distance (nan without one)."""
+    log = EpisodeLog()
+    obs, _ = env.reset(seed=seed + EVAL_SEED_OFFSET)
+    while len(log.episodes) < EVAL_EPISODES:
+        obs, reward, terminated, truncated, info = env.step(policy(obs))
+        log.step(float(reward), terminated or truncated, info)
+        if terminated or truncated:
+            obs, _ = env.reset()
+    returns = [ret for _, ret, _, _ in log.episodes]
+    distances = [d for _, _, _, d in log.episodes if np.isfinite(d)]
+    return {"return": float(np.mean(returns)),
+            "distance_mm": 1000 * float(np.mean(distances)) if distances else float("nan")}
+
+
 def run_ours(robot: str, seed: int, steps: int) -> dict:
     import gymnasium as gym
 
@@ -102,8 +125,10 @@ def run_ours(robot: str, seed: int, steps: int) -> dict:
                 step_times.append(metrics["learn_time"] / metrics["gradient_steps"])
         log.step(float(reward), terminated or truncated, info)
         obs = env.reset()[0] if terminated or truncated else next_obs
-    return {"episodes": log.episodes, "wall": time.perf_counter() - began,
-            "step_s": statistics.median(step_times) if step_times else float("nan")}
+    wall = time.perf_counter() - began
+    return {"episodes": log.episodes, "wall": wall,
+            "step_s": statistics.median(step_times) if step_times else float("nan"),
+            "eval": evaluate(env, lambda o: agent.act(o[None], deterministic=True)[0], seed)}
 
 
 def run_sb3(robot: str, seed: int, steps: int) -> dict:
@@ -152,8 +177,10 @@ def run_sb3_on(env, seed: int, steps: int, cfg: dict) -> dict:  # noqa: ANN001 -
     model.train = timed_train
     began = time.perf_counter()
     model.learn(total_timesteps=steps, callback=Record())
-    return {"episodes": log.episodes, "wall": time.perf_counter() - began,
-            "step_s": statistics.median(train_times) if train_times else float("nan")}
+    wall = time.perf_counter() - began
+    return {"episodes": log.episodes, "wall": wall,
+            "step_s": statistics.median(train_times) if train_times else float("nan"),
+            "eval": evaluate(env, lambda o: model.predict(o, deterministic=True)[0], seed)}
 
 
 def summarize(robot: str, steps: int, result: dict) -> dict:
@@ -170,7 +197,7 @@ def summarize(robot: str, steps: int, result: dict) -> dict:
     return {"tenths": tenths, "last": tenths[-1], "solved_from": solved_from,
             "distance_mm": 1000 * float(np.mean(last)) if last else float("nan"),
             "wall": result["wall"], "steps_per_s": steps / result["wall"],
-            "step_ms": 1000 * result["step_s"]}
+            "step_ms": 1000 * result["step_s"], "eval": result["eval"]}
 
 
 def child(args: argparse.Namespace) -> None:
@@ -216,7 +243,7 @@ def _bench(args: argparse.Namespace) -> None:
         steps = args.steps or BUDGETS[robot]
         print(f"\n{robot}, {steps} env steps; mean return per tenth of the budget")
         for learner in learners:
-            lasts = []
+            lasts, evals = [], []
             for seed in args.seeds:
                 try:
                     row = run_in_child(learner, robot, seed, steps)
@@ -224,17 +251,27 @@ def _bench(args: argparse.Namespace) -> None:
                     print(f"  {learner:4} seed {seed}: failed: {error}")
                     continue
                 lasts.append(row["last"])
+                evals.append(row["eval"])
+                reacher = robot == "reacher"
                 extra = (f" solved from {row['solved_from']}" if robot == "cartpole" else
-                         f" final distance {row['distance_mm']:.1f} mm"
-                         if robot == "reacher" else "")
+                         f" final distance {row['distance_mm']:.1f} mm" if reacher else "")
+                evaluated = (f"deterministic: return {row['eval']['return']:.2f}"
+                             + (f", final distance {row['eval']['distance_mm']:.1f} mm"
+                                if reacher else ""))
                 print(f"  {learner:4} seed {seed}: "
                       + " ".join(f"{v:7.2f}" for v in row["tenths"])
-                      + f" | last {row['last']:.2f}{extra}; {row['wall']:.0f} s, "
+                      + f" | last {row['last']:.2f}{extra}; {evaluated}; {row['wall']:.0f} s, "
                       f"{row['steps_per_s']:.0f} steps/s, gradient step {row['step_ms']:.1f} ms")
             if lasts:
                 print(f"  {learner:4} last tenth over seeds: mean {np.mean(lasts):.2f} "
-                      f"(min {min(lasts):.2f}, max {max(lasts):.2f})")
+                      f"(min {min(lasts):.2f}, max {max(lasts):.2f}); deterministic return "
+                      f"mean {np.mean([e['return'] for e in evals]):.2f}"
+                      + (f", final distance mean "
+                         f"{np.mean([e['distance_mm'] for e in evals]):.1f} mm"
+                         if robot == "reacher" else ""))
                 summary.append(f"{robot}_{learner}_last={np.mean(lasts):.2f}")
+                summary.append(f"{robot}_{learner}_eval="
+                               f"{np.mean([e['return'] for e in evals]):.2f}")
     print("sac_learning " + " ".join(summary))
 
 
