@@ -311,8 +311,9 @@ def restarted(on: dict) -> str:
         return f"killed at {restart['wall']:.0f} s; too few iterations around it to compare"
     return (f"SIGKILL at {restart['wall']:.0f} s (iteration {restart['iteration']}, latest "
             f"checkpoint {restart['checkpoint']}); mean return at the start {before[0]:.2f}, "
-            f"before the kill {before[-1]:.2f}, the restarted trainer's first iterations "
-            f"(from {after[0][0] - restart['wall']:.0f} s after the kill) "
+            f"before the kill {before[-1]:.2f}; the restarted trainer learns again from its "
+            f"checkpoint, and its first iterations past the killed one's last (from "
+            f"{after[0][0] - restart['wall']:.0f} s after the kill) "
             + " ".join(f"{value:.2f}" for _, value in after))
 
 
@@ -345,8 +346,10 @@ def main() -> None:
         args.alternate = 20.0 if args.learner == "process" and not args.kill_after else 0.0
     if args.alternate and (args.learner != "process" or args.kill_after):
         parser.error("--alternate needs --learner process and no --kill-after")
-    # The thread's runs keep the section they were recorded under.
+    # The thread's runs and the process's alternating runs keep the sections they were
+    # recorded under; a run that learns throughout (the balance time, the restart) has its own.
     suffix = ("_learner_process" + ("_pinned" if args.learner_cpu >= 0 else "")
+              + ("" if args.alternate else "_throughout")
               if args.learner == "process" else "")
     with recording(f"robot_off_policy:{args.robot}{suffix}", args.results_page):
         _bench(args)
