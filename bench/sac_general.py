@@ -118,7 +118,7 @@ def sb3_run(env_id: str, params_file: Path, seed: int, steps: int) -> dict:
     import gymnasium as gym
 
     _, sac = sac_section(params_file)
-    result = run_sb3_on(gym.make(env_id), seed, steps, sac)
+    result = run_sb3_on(gym.make(env_id), seed, steps, sac, evaluation=False)
     ends = [(at, ret) for at, ret, _, _ in result["episodes"]]
     return {"ends": ends, "wall": result["wall"]}
 

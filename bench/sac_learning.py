@@ -140,11 +140,13 @@ def run_sb3(robot: str, seed: int, steps: int) -> dict:
                       steps, sac_settings(robot))
 
 
-def run_sb3_on(env, seed: int, steps: int, cfg: dict) -> dict:  # noqa: ANN001 - gym.Env
+def run_sb3_on(env, seed: int, steps: int, cfg: dict,  # noqa: ANN001 - gym.Env
+               evaluation: bool = True) -> dict:
     """Stable-Baselines3's SAC on ``env`` with the settings of our ``sac`` section ``cfg``
     (widths, batch, learning rate, discount, Polyak rate, buffer, random warm-up and
-    update-to-data ratio as ``gradient_steps`` per env step): its episodes, wall time and
-    the median seconds of a gradient step (its whole train() call per step)."""
+    update-to-data ratio as ``gradient_steps`` per env step): its episodes, wall time, the
+    median seconds of a gradient step (its whole train() call per step) and, with
+    ``evaluation``, its final policy's deterministic episodes (``evaluate``)."""
     from stable_baselines3 import SAC
     from stable_baselines3.common.callbacks import BaseCallback
 
@@ -180,7 +182,8 @@ def run_sb3_on(env, seed: int, steps: int, cfg: dict) -> dict:  # noqa: ANN001 -
     wall = time.perf_counter() - began
     return {"episodes": log.episodes, "wall": wall,
             "step_s": statistics.median(train_times) if train_times else float("nan"),
-            "eval": evaluate(env, lambda o: model.predict(o, deterministic=True)[0], seed)}
+            "eval": evaluate(env, lambda o: model.predict(o, deterministic=True)[0], seed)
+            if evaluation else None}
 
 
 def summarize(robot: str, steps: int, result: dict) -> dict:
