@@ -244,6 +244,7 @@ def _bench(args: argparse.Namespace) -> None:
     summary: list[str] = []
     for robot in args.robots:
         steps = args.steps or BUDGETS[robot]
+        reacher = robot == "reacher"
         print(f"\n{robot}, {steps} env steps; mean return per tenth of the budget")
         for learner in learners:
             lasts, evals = [], []
@@ -255,7 +256,6 @@ def _bench(args: argparse.Namespace) -> None:
                     continue
                 lasts.append(row["last"])
                 evals.append(row["eval"])
-                reacher = robot == "reacher"
                 extra = (f" solved from {row['solved_from']}" if robot == "cartpole" else
                          f" final distance {row['distance_mm']:.1f} mm" if reacher else "")
                 evaluated = (f"deterministic: return {row['eval']['return']:.2f}"
@@ -266,15 +266,15 @@ def _bench(args: argparse.Namespace) -> None:
                       + f" | last {row['last']:.2f}{extra}; {evaluated}; {row['wall']:.0f} s, "
                       f"{row['steps_per_s']:.0f} steps/s, gradient step {row['step_ms']:.1f} ms")
             if lasts:
+                eval_return = np.mean([e["return"] for e in evals])
                 print(f"  {learner:4} last tenth over seeds: mean {np.mean(lasts):.2f} "
                       f"(min {min(lasts):.2f}, max {max(lasts):.2f}); deterministic return "
-                      f"mean {np.mean([e['return'] for e in evals]):.2f}"
+                      f"mean {eval_return:.2f}"
                       + (f", final distance mean "
                          f"{np.mean([e['distance_mm'] for e in evals]):.1f} mm"
-                         if robot == "reacher" else ""))
+                         if reacher else ""))
                 summary.append(f"{robot}_{learner}_last={np.mean(lasts):.2f}")
-                summary.append(f"{robot}_{learner}_eval="
-                               f"{np.mean([e['return'] for e in evals]):.2f}")
+                summary.append(f"{robot}_{learner}_eval={eval_return:.2f}")
     print("sac_learning " + " ".join(summary))
 
 
