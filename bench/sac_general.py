@@ -51,7 +51,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 from general_config import DEV_TASKS, ENV_IDS, task_files  # noqa: E402  (bench: no package)
 from results_page import FLAG_HELP, cpu_model, recording  # noqa: E402
-from sac_learning import run_sb3_on  # noqa: E402
+from sac_learning import run_sb3_on, threads_env  # noqa: E402
 
 TASKS = ("halfcheetah", "ant", "inverted_double_pendulum", "reacher")
 BUDGET = 200_000
@@ -132,16 +132,6 @@ def child(args: argparse.Namespace) -> None:
     else:
         result = sb3_run(args.env_id, params_file, args.seed, args.steps)
     print(json.dumps(result))
-
-
-def threads_env(threads: int | None) -> dict[str, str] | None:
-    """The environment of a run whose BLAS (OpenBLAS, for MLX) and PyTorch (OpenMP) use
-    ``threads`` threads; None keeps the libraries' own choice (every CPU)."""
-    if threads is None:
-        return None
-    count = str(threads)
-    return {**os.environ, "OPENBLAS_NUM_THREADS": count, "OMP_NUM_THREADS": count,
-            "MKL_NUM_THREADS": count}
 
 
 def in_child(kind: str, params_file: Path, env_id: str = "", seed: int = 0,

@@ -4,8 +4,10 @@
     python bench/sac_learning.py --robots cartpole --seeds 0 --steps 20000
     python bench/sac_learning.py --no-sb3 --results-page
 
-Each (robot, seed, learner) trains in its own child process, one at a time (the figures
-include wall time and the time of one gradient step, which a neighbour would distort), on
+Each (robot, seed, learner) trains in its own child process, one at a time by default (the
+figures include wall time and the time of one gradient step, which a neighbour would distort;
+``--jobs 2`` runs two at once, each with ``--threads`` BLAS / PyTorch threads, for the long
+quadruped budget: the returns do not depend on it, the speed figures are then shared), on
 ``sims.spec_env`` (the spec's observation, reward, terminations and action mapping on the
 same MuJoCo world the robot node steps). Ours reads the shipped off-policy file
 ``config/robot_train/<robot>_sac.yaml`` (its ``sac`` section and seed; one env); SB3's SAC
@@ -32,10 +34,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -208,10 +212,21 @@ def child(args: argparse.Namespace) -> None:
     print(json.dumps(summarize(args.robot, args.steps, run(args.robot, args.seed, args.steps))))
 
 
-def run_in_child(learner: str, robot: str, seed: int, steps: int) -> dict:
+def threads_env(threads: int | None) -> dict[str, str] | None:
+    """The environment of a run whose BLAS (OpenBLAS, for MLX) and PyTorch (OpenMP) use
+    ``threads`` threads; None keeps the libraries' own choice (every CPU)."""
+    if threads is None:
+        return None
+    count = str(threads)
+    return {**os.environ, "OPENBLAS_NUM_THREADS": count, "OMP_NUM_THREADS": count,
+            "MKL_NUM_THREADS": count}
+
+
+def run_in_child(learner: str, robot: str, seed: int, steps: int,
+                 threads: int | None = None) -> dict:
     done = subprocess.run([sys.executable, __file__, "--child", learner, "--robot", robot,
                            "--seed", str(seed), "--steps", str(steps)],
-                          capture_output=True, text=True, cwd=ROOT)
+                          capture_output=True, text=True, cwd=ROOT, env=threads_env(threads))
     if done.returncode != 0:
         tail = done.stderr.strip().splitlines()[-1:] or ["no output"]
         raise RuntimeError(f"{learner} {robot} seed {seed}: {tail[0]}")
@@ -224,6 +239,10 @@ def main() -> None:
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--steps", type=int, help="env steps per run (default: the budgets)")
     parser.add_argument("--no-sb3", action="store_true", help="ours only")
+    parser.add_argument("--jobs", type=int, default=1, help="runs at once")
+    parser.add_argument("--threads", type=int,
+                        help="BLAS / PyTorch threads per run (default: the libraries' "
+                        "own with one job, CPUs / jobs with more)")
     parser.add_argument("--results-page", action="store_true", help=FLAG_HELP)
     parser.add_argument("--child", choices=("ours", "sb3"), help=argparse.SUPPRESS)
     parser.add_argument("--robot", help=argparse.SUPPRESS)
@@ -239,8 +258,21 @@ def main() -> None:
 
 
 def _bench(args: argparse.Namespace) -> None:
-    print(f"CPU: {cpu_model()}; one run at a time, each in its own process")
     learners = ["ours"] + ([] if args.no_sb3 else ["sb3"])
+    threads = args.threads or (None if args.jobs == 1 else
+                                max(1, (os.cpu_count() or 1) // args.jobs))
+    shared = "" if args.jobs == 1 else " (wall time, steps/s and gradient steps shared)"
+    print(f"CPU: {cpu_model()}; {'one run' if args.jobs == 1 else f'{args.jobs} runs'} at a "
+          "time, each in its own process"
+          + (f" with {threads} BLAS / PyTorch thread(s)" if threads else "") + shared)
+    with ThreadPoolExecutor(args.jobs) as pool:
+        jobs = {(robot, learner, seed): pool.submit(
+                    run_in_child, learner, robot, seed, args.steps or BUDGETS[robot], threads)
+                for robot in args.robots for learner in learners for seed in args.seeds}
+        _report(args, learners, jobs)
+
+
+def _report(args: argparse.Namespace, learners: list[str], jobs: dict) -> None:
     summary: list[str] = []
     for robot in args.robots:
         steps = args.steps or BUDGETS[robot]
@@ -250,7 +282,7 @@ def _bench(args: argparse.Namespace) -> None:
             lasts, evals = [], []
             for seed in args.seeds:
                 try:
-                    row = run_in_child(learner, robot, seed, steps)
+                    row = jobs[(robot, learner, seed)].result()
                 except RuntimeError as error:
                     print(f"  {learner:4} seed {seed}: failed: {error}")
                     continue
