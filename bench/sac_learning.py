@@ -12,7 +12,8 @@ quadruped budget: the returns do not depend on it, the speed figures are then sh
 same MuJoCo world the robot node steps). Ours reads the shipped off-policy file
 ``config/robot_train/<robot>_sac.yaml`` (its ``sac`` section and seed; one env); SB3's SAC
 gets the same network widths, batch, learning rate, discount, Polyak rate, buffer,
-random warm-up and update-to-data ratio (``gradient_steps`` per env step), so the two
+random warm-up, update-to-data ratio (``gradient_steps`` per env step), starting entropy
+coefficient and target entropy (``ent_coef="auto_<init>"``, ``target_entropy``), so the two
 differ in implementation only. PPO's figures on the same envs are the robot bench's
 (``bench/robot_learning.py``, docs/results.md).
 
@@ -147,10 +148,11 @@ def run_sb3(robot: str, seed: int, steps: int) -> dict:
 def run_sb3_on(env, seed: int, steps: int, cfg: dict,  # noqa: ANN001 - gym.Env
                evaluation: bool = True) -> dict:
     """Stable-Baselines3's SAC on ``env`` with the settings of our ``sac`` section ``cfg``
-    (widths, batch, learning rate, discount, Polyak rate, buffer, random warm-up and
-    update-to-data ratio as ``gradient_steps`` per env step): its episodes, wall time, the
-    median seconds of a gradient step (its whole train() call per step) and, with
-    ``evaluation``, its final policy's deterministic episodes (``evaluate``)."""
+    (widths, batch, learning rate, discount, Polyak rate, buffer, random warm-up,
+    update-to-data ratio as ``gradient_steps`` per env step, starting entropy coefficient
+    and target entropy): its episodes, wall time, the median seconds of a gradient step (its
+    whole train() call per step) and, with ``evaluation``, its final policy's deterministic
+    episodes (``evaluate``)."""
     from stable_baselines3 import SAC
     from stable_baselines3.common.callbacks import BaseCallback
 
@@ -169,6 +171,8 @@ def run_sb3_on(env, seed: int, steps: int, cfg: dict,  # noqa: ANN001 - gym.Env
         learning_starts=cfg.get("learning_starts", 5000), batch_size=cfg.get("batch_size", 256),
         tau=cfg.get("tau", 0.005), gamma=cfg.get("gamma", 0.99), train_freq=1,
         gradient_steps=max(1, round(cfg.get("utd_ratio", 1.0))),
+        ent_coef=f"auto_{cfg.get('init_entropy_coef', 1.0)}",
+        target_entropy=-cfg.get("target_entropy_scale", 1.0) * env.action_space.shape[0],
         policy_kwargs={"net_arch": {"pi": widths,
                                     "qf": cfg.get("critic_hidden_dims", widths)}},
     )
