@@ -265,10 +265,10 @@ def _bench(args: argparse.Namespace) -> None:
     learners = ["ours"] + ([] if args.no_sb3 else ["sb3"])
     threads = args.threads or (None if args.jobs == 1 else
                                 max(1, (os.cpu_count() or 1) // args.jobs))
+    runs = "one run" if args.jobs == 1 else f"{args.jobs} runs"
     shared = "" if args.jobs == 1 else " (wall time, steps/s and gradient steps shared)"
-    print(f"CPU: {cpu_model()}; {'one run' if args.jobs == 1 else f'{args.jobs} runs'} at a "
-          "time, each in its own process"
-          + (f" with {threads} BLAS / PyTorch thread(s)" if threads else "") + shared)
+    with_threads = f" with {threads} BLAS / PyTorch thread(s)" if threads else ""
+    print(f"CPU: {cpu_model()}; {runs} at a time, each in its own process{with_threads}{shared}")
     with ThreadPoolExecutor(args.jobs) as pool:
         jobs = {(robot, learner, seed): pool.submit(
                     run_in_child, learner, robot, seed, args.steps or BUDGETS[robot], threads)
